@@ -1,0 +1,103 @@
+"""Anthropic Messages streaming.
+
+Requests are shaped as the official SDK shapes them: ``x-api-key`` and ``anthropic-version``
+headers, ``system`` messages moved to the top-level ``system`` field, and ``max_tokens``
+(required by the API) defaulting to :data:`DEFAULT_MAX_TOKENS`. Streams end with
+``message_stop``; ``event: error`` (``overloaded_error``…) can arrive after the 200.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._classify import classify_error_object
+from ._wire import HttpRequest, StreamDecoder, normalise_finish
+
+__all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicDecoder", "build_request"]
+
+ANTHROPIC_VERSION = "2023-06-01"
+#: Used when the caller gives no ``max_tokens``: the API requires one.
+DEFAULT_MAX_TOKENS = 4096
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return str(content)
+
+
+def build_request(
+    *,
+    base_url: str,
+    api_key: str | None,
+    model: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int | None,
+    extra_body: dict[str, Any],
+    extra_headers: dict[str, str],
+) -> HttpRequest:
+    """The POST the official SDK would send for ``messages.stream(...)``."""
+    headers = {
+        "content-type": "application/json",
+        "accept": "text/event-stream",
+        "anthropic-version": ANTHROPIC_VERSION,
+    }
+    if api_key:
+        headers["x-api-key"] = api_key
+    headers.update(extra_headers)
+    system = [_text_of(m["content"]) for m in messages if m["role"] in ("system", "developer")]
+    turns = [m for m in messages if m["role"] not in ("system", "developer")]
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": turns,
+        "max_tokens": max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
+        "stream": True,
+    }
+    if system:
+        body["system"] = "\n\n".join(system)
+    body.update(extra_body)
+    base = base_url.rstrip("/")
+    url = base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+    return HttpRequest(url=url, headers=headers, body=body)
+
+
+class AnthropicDecoder(StreamDecoder):
+    """Messages stream events -> text; see :class:`~streamres._wire.StreamDecoder`."""
+
+    __slots__ = ()
+
+    def feed(self, name: str, data: bytes) -> str:
+        if name == "ping":
+            return ""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return self._malformed(data)
+        if type(event) is not dict:
+            return self._malformed(data)
+        kind = name or event.get("type", "")
+        if kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                return str(delta.get("text", ""))
+            return ""
+        if kind == "message_start":
+            usage = (event.get("message") or {}).get("usage") or {}
+            self.input_tokens = usage.get("input_tokens", self.input_tokens)
+            self.output_tokens = usage.get("output_tokens", self.output_tokens)
+        elif kind == "message_delta":
+            reason = (event.get("delta") or {}).get("stop_reason")
+            if reason:
+                self.finish_reason = normalise_finish(reason)
+            usage = event.get("usage") or {}
+            self.output_tokens = usage.get("output_tokens", self.output_tokens)
+        elif kind == "message_stop":
+            self.terminal = True
+        elif kind == "error":
+            self.error = classify_error_object(event.get("error") or {})
+        return ""

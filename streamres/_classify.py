@@ -1,0 +1,245 @@
+"""Error classification: what went wrong, and whether trying again can help.
+
+Everything here is pure. The shell hands over what it saw (a status code, headers and body; an
+in-band error object from inside a 200 stream; a broken connection) and gets a :class:`Failure`
+back. The decision is made on the error's *type, code and message*, never on which exception
+class carried it: a 200 response can carry an overload, and "Our servers are currently
+overloaded" has arrived as HTTP 400.
+
+Kinds, and what the retry loop does with them:
+
+=================  ==========================================================  ===========
+kind               seen as                                                     retried?
+=================  ==========================================================  ===========
+capacity           429/503/529, ``overloaded_error``, "at capacity", 500 +     yes
+                   "overloaded", OpenRouter ``finish_reason: "error"``
+rate_limit         429 without an overload message, ``rate_limit_error``       yes
+transient          502/504/408/409, other 5xx, ``api_error``/``server_error``  yes
+connection         connect refused/reset, body cut mid-transfer                yes
+stall              no content for ``stall_timeout`` (keep-alives don't count)  yes
+truncated          stream ended without its terminal event                     yes
+malformed          a chunk that is not the JSON the protocol promises          yes
+prefill_rejected   400 saying assistant prefill is unsupported                 yes, instruct
+permanent          other 4xx: bad request, auth, not found, quota              no
+=================  ==========================================================  ===========
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "Failure",
+    "FailureKind",
+    "classify_error_object",
+    "classify_response",
+    "failure",
+    "parse_retry_after",
+]
+
+FailureKind = Literal[
+    "capacity",
+    "rate_limit",
+    "transient",
+    "connection",
+    "stall",
+    "truncated",
+    "malformed",
+    "prefill_rejected",
+    "permanent",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed attempt, classified."""
+
+    kind: FailureKind
+    message: str
+    status_code: int | None = None
+    error_type: str | None = None
+    #: Seconds the server asked us to wait (``retry-after-ms`` / ``Retry-After``), if any.
+    retry_after: float | None = None
+    #: The server told us this model is full right now: try another model at once.
+    switch_model: bool = False
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind != "permanent"
+
+
+def failure(kind: FailureKind, message: str) -> Failure:
+    """A failure the shell observed itself (stall, truncation, dropped connection…)."""
+    return Failure(kind=kind, message=message)
+
+
+_AT_CAPACITY = re.compile(r"at capacity", re.IGNORECASE)
+_OVERLOADED = re.compile(r"overload", re.IGNORECASE)
+_PREFILL = re.compile(
+    r"(?:does not support|doesn't support|not supported)[^.]*prefill"
+    r"|prefill[^.]*(?:not supported|unsupported)"
+    r"|final assistant content cannot end with trailing whitespace",
+    re.IGNORECASE,
+)
+
+_CAPACITY_TYPES = frozenset(
+    {"overloaded_error", "server_is_overloaded", "overloaded", "model_overloaded", "capacity"}
+)
+_RATE_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded", "rate_limited", "tokens"})
+_PERMANENT_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "billing_error",
+        "insufficient_quota",
+        "invalid_api_key",
+        "model_not_found",
+        "context_length_exceeded",
+        "request_too_large",
+    }
+)
+
+
+def _by_message(message: str) -> FailureKind | None:
+    if _AT_CAPACITY.search(message) or _OVERLOADED.search(message):
+        return "capacity"
+    if _PREFILL.search(message):
+        return "prefill_rejected"
+    return None
+
+
+def _describe(error: Any) -> tuple[str, str | None, set[str]]:
+    """(message, error type, lower-cased type and code) of a provider's error object."""
+    if isinstance(error, str):
+        error = {"message": error}
+    if not isinstance(error, Mapping):
+        error = {}
+    message = str(error.get("message") or "")
+    etype, code = error.get("type"), error.get("code")
+    names = {str(v).lower() for v in (etype, code) if v}
+    error_type = str(etype or code) if (etype or code) else None
+    return message, error_type, names
+
+
+def classify_error_object(error: Any) -> Failure:
+    """Classify an error object that arrived *inside* a stream (after HTTP 200).
+
+    Accepts OpenAI's ``{"message", "type", "code"}``, Anthropic's ``{"type", "message"}`` and
+    anything close to them. Unknown shapes count as transient: mid-stream, retrying is the only
+    way to save the answer, and a permanent problem would have been refused before the 200.
+    """
+    message, error_type, names = _describe(error)
+    kind = _by_message(message)
+    if kind is None:
+        if names & _CAPACITY_TYPES:
+            kind = "capacity"
+        elif names & _PERMANENT_TYPES:
+            kind = "permanent"
+        elif names & _RATE_TYPES:
+            kind = "rate_limit"
+        else:
+            kind = "transient"
+    return Failure(
+        kind=kind,
+        message=message or error_type or "upstream error",
+        error_type=error_type,
+        switch_model=bool(_AT_CAPACITY.search(message)),
+    )
+
+
+def _by_status(status: int) -> FailureKind:
+    if status in (503, 529):
+        return "capacity"
+    if status == 429:
+        return "rate_limit"
+    if status in (408, 409) or status >= 500:
+        return "transient"
+    return "permanent"
+
+
+def _error_of_body(body: str) -> Any:
+    try:
+        parsed = json.loads(body) if body.lstrip().startswith("{") else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, Mapping):
+        error = parsed.get("error", parsed)
+        return {"message": error} if isinstance(error, str) else error
+    return {"message": body.strip()[:500]}
+
+
+def classify_response(
+    status: int, headers: Mapping[str, str], body: str, *, now: float
+) -> Failure:
+    """Classify a non-2xx HTTP response.
+
+    The message wins (an overload sent as 400 is still an overload), then an explicit quota or
+    capacity type, then the status. ``x-should-retry`` (sent by OpenAI and Anthropic) overrides
+    as it does in their SDKs. ``headers`` must be case-insensitive (httpx's are); ``now`` is the
+    wall-clock time (Unix seconds) for a ``Retry-After`` given as an HTTP date.
+    """
+    message, error_type, names = _describe(_error_of_body(body))
+    kind = _by_message(message)
+    if kind is None:
+        if names & {"insufficient_quota", "billing_error"}:
+            kind = "permanent"
+        elif names & _CAPACITY_TYPES:
+            kind = "capacity"
+        else:
+            kind = _by_status(status)
+    should_retry = headers.get("x-should-retry")
+    if should_retry == "false" and kind != "prefill_rejected":
+        kind = "permanent"
+    elif should_retry == "true" and kind == "permanent":
+        kind = "transient"
+    return Failure(
+        kind=kind,
+        message=message or f"HTTP {status}" + (f" {error_type}" if error_type else ""),
+        status_code=status,
+        error_type=error_type,
+        retry_after=parse_retry_after(headers, now=now),
+        switch_model=bool(_AT_CAPACITY.search(message)),
+    )
+
+
+_MAX_HINT = 24 * 3600.0
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
+    """Seconds to wait according to the server, or ``None`` when it gave no usable hint.
+
+    ``retry-after-ms`` (OpenAI) wins over ``Retry-After``, which may be seconds or an HTTP date
+    (RFC 9110). Negative, unparsable and absurd (over a day) values are ignored.
+    """
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            ms = float(raw_ms)
+        except ValueError:
+            ms = -1.0
+        if 0 <= ms / 1000 <= _MAX_HINT:
+            return ms / 1000
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = max(0.0, when.timestamp() - now)
+    if seconds != seconds or not 0 <= seconds <= _MAX_HINT:  # NaN, negative, absurd
+        return None
+    return seconds

@@ -1,0 +1,178 @@
+"""The ``streamres`` command: ``ask`` one question, ``serve`` the embedded upstream.
+
+Uses only the public API, like any application would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anyio
+import structlog
+
+import streamres
+from streamres.upstream import PRESETS, FaultPlan, Upstream
+
+__all__ = ["main"]
+
+_DEMO_MODEL = "demo-large"
+
+
+def _configure_logs(verbose: bool) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+def _faults(spec: str) -> FaultPlan:
+    return FaultPlan(PRESETS.get(spec, spec))
+
+
+def _real_target(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Where to send the question, if not to the embedded upstream."""
+    if args.embedded:
+        return None
+    provider = args.provider
+    if args.base_url or args.api_key:
+        return {"provider": provider or "openai", "base_url": args.base_url, "api_key": args.api_key}
+    if provider in (None, "openai") and (os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")):
+        return {"provider": "openai", "base_url": None, "api_key": None}
+    if provider in (None, "anthropic") and os.environ.get("ANTHROPIC_API_KEY"):
+        return {"provider": "anthropic", "base_url": None, "api_key": None}
+    return None
+
+
+@contextlib.asynccontextmanager
+async def _target(args: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Any], Upstream | None]]:
+    real = _real_target(args)
+    if real is not None:
+        default_model = "claude-sonnet-4-5" if real["provider"] == "anthropic" else "gpt-4o-mini"
+        real["model"] = args.model or [default_model]
+        yield real, None
+        return
+    provider = args.provider or "openai"
+    async with Upstream(
+        faults=_faults(args.faults), token_delay=args.token_delay, ping_interval=0.5, words=args.words
+    ) as up:
+        url = up.openai_url if provider == "openai" else up.anthropic_url
+        yield {"provider": provider, "base_url": url, "api_key": "demo", "model": args.model or [_DEMO_MODEL]}, up
+
+
+async def _ask(args: argparse.Namespace) -> int:
+    messages = [{"role": "user", "content": args.question}]
+    err = sys.stderr
+    async with _target(args) as (target, upstream):
+        models = target.pop("model")
+        partial = ""
+        try:
+            async with streamres.stream_resilient(
+                messages,
+                model=models if len(models) > 1 else models[0],
+                deadline=args.deadline,
+                stall_timeout=args.stall_timeout,
+                max_tokens=args.max_tokens,
+                **target,
+            ) as events:
+                async for ev in events:
+                    if ev.type == "text":
+                        partial += ev.text
+                        sys.stdout.write(ev.text)
+                        sys.stdout.flush()
+                    elif ev.type == "done":
+                        sys.stdout.write("\n")
+                        print(
+                            f"\n[done: {ev.finish_reason}, model {ev.model}, {ev.attempts} attempt(s), "
+                            f"{ev.resumes} resume(s), {ev.deduplicated_chars} repeated characters removed, "
+                            f"{ev.usage.delivered_tokens} tokens, {ev.elapsed:.1f} s]",
+                            file=err,
+                        )
+                        if upstream is not None:
+                            exact = ev.text == upstream.answer(messages)
+                            print(
+                                f"[embedded upstream: {len(upstream.requests)} requests; "
+                                f"answer identical to the upstream's text: {'yes' if exact else 'NO'}]",
+                                file=err,
+                            )
+                            return 0 if exact else 1
+                    else:
+                        print(f"\n  ⟳ {ev.message}", file=err, flush=True)
+        except streamres.StreamError as exc:
+            if exc.partial_text and not partial.endswith("\n"):
+                sys.stdout.write("\n")
+            print(f"\n[failed: {exc}]", file=err)
+            return 1
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    up = Upstream(
+        port=args.port,
+        faults=_faults(args.faults),
+        token_delay=args.token_delay,
+        words=args.words,
+        prefill=args.prefill,
+        instruct=args.instruct,
+        max_in_flight=args.max_in_flight,
+    )
+    async with up:
+        print(f"embedded upstream on {up.url}  (openai: {up.openai_url}, anthropic: {up.anthropic_url})", flush=True)
+        await anyio.sleep_forever()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamres", description="LLM answers that keep streaming when a model is at capacity."
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logs on stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ask = sub.add_parser("ask", help="stream one answer (offline against the embedded upstream by default)")
+    ask.add_argument("question")
+    ask.add_argument("--provider", choices=["openai", "anthropic"])
+    ask.add_argument("--base-url")
+    ask.add_argument("--api-key")
+    ask.add_argument("--model", action="append", help="model name; repeat for a fallback chain")
+    ask.add_argument("--embedded", action="store_true", help="use the embedded upstream even if API keys are set")
+    ask.add_argument("--faults", default="storm", help="embedded upstream faults: none, light, storm or a plan")
+    ask.add_argument("--token-delay", type=float, default=0.015, help="embedded upstream seconds per token")
+    ask.add_argument("--words", type=int, default=120, help="embedded upstream answer length")
+    ask.add_argument("--deadline", type=float, default=120.0)
+    ask.add_argument("--stall-timeout", type=float, default=2.0)
+    ask.add_argument("--max-tokens", type=int)
+
+    serve = sub.add_parser("serve", help="run the embedded upstream on 127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--faults", default="none")
+    serve.add_argument("--token-delay", type=float, default=0.0)
+    serve.add_argument("--words", type=int, default=90)
+    serve.add_argument("--prefill", choices=["continue", "restart", "reject"], default="continue")
+    serve.add_argument("--instruct", choices=["overlap", "exact", "restart", "preamble"], default="overlap")
+    serve.add_argument("--max-in-flight", type=int)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _configure_logs(args.verbose)
+    try:
+        if args.command == "ask":
+            return anyio.run(_ask, args)
+        anyio.run(_serve, args)
+    except KeyboardInterrupt:
+        return 130
+    except ValueError as exc:  # bad fault plan and the like
+        print(f"streamres: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

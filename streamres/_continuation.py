@@ -1,0 +1,92 @@
+"""Continuation requests: how to ask a model to go on from a partial answer.
+
+Strategies:
+
+``prefill``
+    A trailing assistant message holding the partial answer; the server continues it.
+    Anthropic takes it natively but rejects a final assistant message ending in whitespace,
+    so the whitespace is stripped (and the de-duplicator absorbs it when the model re-emits it).
+    OpenAI-compatible servers that continue (vLLM, SGLang, llama.cpp's server) need
+    ``continue_final_message: true`` and ``add_generation_prompt: false``.
+``prefix``
+    DeepSeek and Mistral: the trailing assistant message carries ``"prefix": true``.
+``instruct``
+    For servers that always start a new turn (OpenAI itself, Claude models that refuse
+    prefill): the partial answer as an assistant turn, then a short user turn asking to
+    continue exactly where it stopped. The model may repeat a little; the de-duplicator
+    removes it.
+
+``auto`` picks ``prefill`` for Anthropic, ``prefix`` for DeepSeek and Mistral hosts, and
+``instruct`` for every other OpenAI-compatible server. A model that answers
+"prefill not supported" is switched to ``instruct`` (the shell remembers it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["CONTINUE_INSTRUCTION", "Continuation", "Strategy", "build_continuation", "choose"]
+
+Strategy = Literal["prefill", "prefix", "instruct"]
+
+CONTINUE_INSTRUCTION = (
+    "Your previous reply was cut off. Continue exactly where it stopped, from the next "
+    "character: do not repeat anything already written, and add no preamble or commentary."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """Messages (and extra body fields) for a resumed request, plus what the de-dup needs."""
+
+    messages: list[dict[str, Any]]
+    strategy: Strategy
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    #: Trailing characters of the partial answer that the prefill left out.
+    stripped: int = 0
+
+
+def choose(provider: str, base_url: str, requested: str) -> Strategy:
+    """The strategy for a provider/server when the caller asked for ``requested``."""
+    if requested in ("prefill", "prefix", "instruct"):
+        return requested  # type: ignore[return-value]
+    if provider == "anthropic":
+        return "prefill"
+    host = base_url.lower()
+    if "deepseek" in host or "mistral" in host:
+        return "prefix"
+    return "instruct"
+
+
+def build_continuation(
+    messages: list[dict[str, Any]], partial: str, *, strategy: Strategy, provider: str
+) -> Continuation:
+    """The request that continues ``partial``, the answer so far to ``messages``."""
+    original = list(messages)
+    if strategy == "instruct":
+        return Continuation(
+            messages=original
+            + [
+                {"role": "assistant", "content": partial},
+                {"role": "user", "content": CONTINUE_INSTRUCTION},
+            ],
+            strategy=strategy,
+        )
+    if strategy == "prefix":
+        return Continuation(
+            messages=original + [{"role": "assistant", "content": partial, "prefix": True}],
+            strategy=strategy,
+        )
+    if provider == "anthropic":
+        kept = partial.rstrip()
+        return Continuation(
+            messages=original + [{"role": "assistant", "content": kept}] if kept else original,
+            strategy=strategy,
+            stripped=len(partial) - len(kept),
+        )
+    return Continuation(
+        messages=original + [{"role": "assistant", "content": partial}],
+        strategy=strategy,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )

@@ -1,0 +1,70 @@
+"""The error tree. Every failure of the public API is one of these::
+
+    StreamError                    every error; .partial_text is what the caller already got
+    ├── InvalidRequest (ValueError)    bad arguments, refused before any request was made
+    ├── RequestRejected                the upstream refused the request for good (400/401/403/
+    │                                  404/422…): retrying cannot help, so it was not retried
+    ├── DeadlineExceeded (TimeoutError)  the overall deadline ran out, or a Retry-After would
+    │                                  outlast it
+    └── AttemptsExhausted              the optional ``max_attempts`` cap was reached
+
+Each carries ``partial_text`` (exactly the text already yielded as ``text`` events, so nothing
+is lost), ``attempts`` (the history, one :class:`~streamres.Attempt` per request) and
+``model``. No bare httpx exception escapes the public API.
+"""
+
+from __future__ import annotations
+
+from ._events import Attempt
+
+__all__ = [
+    "AttemptsExhausted",
+    "DeadlineExceeded",
+    "InvalidRequest",
+    "RequestRejected",
+    "StreamError",
+]
+
+
+class StreamError(Exception):
+    """Base of every streamres error. ``partial_text`` is never lost."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        partial_text: str = "",
+        attempts: tuple[Attempt, ...] = (),
+        model: str | None = None,
+        status_code: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.partial_text = partial_text
+        self.attempts = attempts
+        self.model = model
+        self.status_code = status_code
+        #: The failure kind behind the error (``capacity``, ``permanent``, ``stall``…).
+        self.reason = reason
+
+    def __str__(self) -> str:
+        if self.partial_text:
+            return f"{self.message} ({len(self.partial_text)} characters were delivered first)"
+        return self.message
+
+
+class InvalidRequest(StreamError, ValueError):
+    """The arguments cannot make a valid request; nothing was sent."""
+
+
+class RequestRejected(StreamError):
+    """The upstream refused the request permanently (a 4xx that retrying cannot fix)."""
+
+
+class DeadlineExceeded(StreamError, TimeoutError):
+    """The overall deadline ran out before the answer was complete."""
+
+
+class AttemptsExhausted(StreamError):
+    """``max_attempts`` requests were made without completing the answer."""

@@ -1,0 +1,127 @@
+"""The events a UI receives: frozen, slotted dataclasses with a ``type`` field.
+
+Consume them with ``match ev.type`` (or ``match ev: case TextEvent(text=t)``). A stream is
+zero or more ``text`` events interleaved with status events (``retry``, ``resume``,
+``fallback``), and ends with exactly one ``done`` event — or a :class:`~streamres.StreamError`.
+Status events all carry a one-line, human-readable ``.message`` a UI can show as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "Attempt",
+    "DoneEvent",
+    "Event",
+    "FallbackEvent",
+    "ResumeEvent",
+    "RetryEvent",
+    "StatusEvent",
+    "TextEvent",
+    "Usage",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage, summed over every attempt of one answer.
+
+    ``input_tokens``/``output_tokens`` are what the servers reported (``None`` when no attempt
+    reported them: unknown, not zero). ``delivered_tokens`` counts the final answer with the
+    token ledger; ``wasted_tokens`` the text generated again after a resume and dropped.
+    """
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    delivered_tokens: int = 0
+    wasted_tokens: int = 0
+    #: The tiktoken encoding used for the ledger, or ``"approximate"``.
+    encoding: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One request made for an answer, and how it ended."""
+
+    number: int
+    model: str
+    #: ``"ok"`` or a failure kind (``capacity``, ``stall``, ``truncated``…).
+    outcome: str
+    message: str = ""
+    status_code: int | None = None
+    #: Characters this attempt added to the answer.
+    chars: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TextEvent:
+    """The next piece of the answer. Never repeats text given before."""
+
+    text: str
+    type: Literal["text"] = field(default="text", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """An attempt failed before any text of it was shown; the next one starts after ``delay``."""
+
+    message: str
+    attempt: int
+    delay: float
+    reason: str
+    model: str
+    status_code: int | None = None
+    tokens_so_far: int = 0
+    type: Literal["retry"] = field(default="retry", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeEvent:
+    """The stream broke after text was shown; it continues from there after ``delay``."""
+
+    message: str
+    attempt: int
+    delay: float
+    reason: str
+    model: str
+    strategy: str
+    tokens_so_far: int = 0
+    chars_so_far: int = 0
+    type: Literal["resume"] = field(default="resume", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackEvent:
+    """The answer moves to another model (before or during the stream)."""
+
+    message: str
+    attempt: int
+    from_model: str
+    to_model: str
+    reason: str
+    tokens_so_far: int = 0
+    type: Literal["fallback"] = field(default="fallback", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DoneEvent:
+    """The last event: the whole answer and how it was obtained."""
+
+    text: str
+    finish_reason: str
+    model: str
+    attempts: int
+    resumes: int
+    usage: Usage
+    history: tuple[Attempt, ...] = ()
+    #: Characters of repeated text the de-duplicator removed across resumes.
+    deduplicated_chars: int = 0
+    elapsed: float = 0.0
+    type: Literal["done"] = field(default="done", init=False)
+
+
+StatusEvent = RetryEvent | ResumeEvent | FallbackEvent
+Event = TextEvent | RetryEvent | ResumeEvent | FallbackEvent | DoneEvent

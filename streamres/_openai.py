@@ -1,0 +1,86 @@
+"""OpenAI Chat Completions streaming, as every compatible server speaks it.
+
+Covers OpenAI, vLLM, SGLang, llama.cpp, Ollama, OpenRouter, DeepSeek, Mistral… Quirks handled:
+an error object inside a 200 stream (``data: {"error": …}``), OpenRouter's error chunk with
+``finish_reason: "error"``, usage in a final chunk with empty ``choices``, and a ``[DONE]``
+that follows no finish reason (llama-cpp-python cutting a stream: a truncation, not success).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._classify import classify_error_object
+from ._wire import HttpRequest, StreamDecoder, normalise_finish
+
+__all__ = ["OpenAIDecoder", "build_request"]
+
+
+def build_request(
+    *,
+    base_url: str,
+    api_key: str | None,
+    model: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int | None,
+    extra_body: dict[str, Any],
+    extra_headers: dict[str, str],
+) -> HttpRequest:
+    """The POST the official SDK would send for ``stream=True``."""
+    headers = {"content-type": "application/json", "accept": "text/event-stream"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    headers.update(extra_headers)
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if max_tokens is not None:
+        # OpenAI's own API deprecated max_tokens (reasoning models reject it); compatible
+        # servers mostly know only max_tokens.
+        field = "max_completion_tokens" if "api.openai.com" in base_url else "max_tokens"
+        body[field] = max_tokens
+    body.update(extra_body)
+    return HttpRequest(url=base_url.rstrip("/") + "/chat/completions", headers=headers, body=body)
+
+
+class OpenAIDecoder(StreamDecoder):
+    """Chat Completions chunks -> text; see :class:`~streamres._wire.StreamDecoder`."""
+
+    __slots__ = ()
+
+    def feed(self, name: str, data: bytes) -> str:
+        if data == b"[DONE]":
+            self.terminal = True
+            return ""
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return self._malformed(data)
+        if type(chunk) is not dict:
+            return self._malformed(data)
+        error = chunk.get("error")
+        if error is not None:
+            self.error = classify_error_object(error)
+            return ""
+        usage = chunk.get("usage")
+        if usage:
+            self.input_tokens = usage.get("prompt_tokens", self.input_tokens)
+            self.output_tokens = usage.get("completion_tokens", self.output_tokens)
+        choices = chunk.get("choices")
+        if not choices:
+            return ""
+        choice = choices[0]
+        reason = choice.get("finish_reason")
+        if reason:
+            if reason == "error":
+                self.error = classify_error_object({"message": "the provider ended the stream"})
+                return ""
+            self.finish_reason = normalise_finish(reason)
+        delta = choice.get("delta")
+        if delta:
+            return delta.get("content") or ""
+        return ""

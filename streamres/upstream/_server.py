@@ -1,0 +1,463 @@
+"""The embedded upstream server: real HTTP/1.1 on 127.0.0.1 (h11 over anyio sockets).
+
+It speaks ``POST /v1/chat/completions`` and ``POST /v1/messages`` as streams, as OpenAI and
+Anthropic write them, answers each conversation deterministically (``_answers``) and plays a
+fault plan (``_faults``) per server, per model or per request (header ``x-upstream-fault``).
+Out of process (``streamres serve``), ``POST /_control/faults`` with
+``{"faults": "429,reset@40", "model": optional}`` queues faults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import socket
+import struct
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import h11
+
+from ._answers import InstructBehaviour, PrefillBehaviour, answer_for, plan_reply, split_tokens
+from ._faults import Fault, FaultPlan
+from ._render import AnthropicRender, OpenAIRender, Render
+
+__all__ = ["ModelSpec", "RecordedRequest", "Upstream"]
+
+_MAX_BODY = 8 * 1024 * 1024
+_SEND_BATCH = 32 * 1024
+
+
+@dataclass
+class ModelSpec:
+    """How one model of the upstream behaves (anything left ``None`` follows the server)."""
+
+    faults: FaultPlan | None = None
+    prefill: PrefillBehaviour | None = None
+    instruct: InstructBehaviour | None = None
+    #: Streams this model serves at once; more get 429 (seed 2.3's quota).
+    max_in_flight: int | None = None
+    token_delay: float | None = None
+
+
+@dataclass
+class RecordedRequest:
+    """A request the upstream received (for tests: what did the client really send?)."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    model: str
+    fault: str
+    #: Refusal status, or 200.
+    status: int = 200
+    at: float = 0.0
+    #: Tokens streamed before the response ended.
+    tokens: int = 0
+
+
+class _Reset(Exception):
+    """Drop the connection abruptly (RST), as a crashed server would."""
+
+
+@dataclass
+class _Counters:
+    in_flight: dict[str, int] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+
+
+class Upstream:
+    """A deterministic fake LLM server for tests, demos and benchmarks.
+
+    >>> async def main():
+    ...     async with Upstream(faults="529:retry-after=0.1,reset@20") as up:
+    ...         ...  # point stream_resilient() at up.openai_url or up.anthropic_url
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        faults: FaultPlan | str | None = None,
+        models: Mapping[str, ModelSpec] | None = None,
+        prefill: PrefillBehaviour = "continue",
+        instruct: InstructBehaviour = "overlap",
+        overlap_words: int = 3,
+        words: int = 90,
+        token_delay: float = 0.0,
+        ping_interval: float = 0.5,
+        stall_seconds: float = 300.0,
+        max_in_flight: int | None = None,
+    ) -> None:
+        self.port = port
+        self.faults = faults if isinstance(faults, FaultPlan) else FaultPlan(faults or "")
+        self.models: dict[str, ModelSpec] = dict(models or {})
+        self.prefill: PrefillBehaviour = prefill
+        self.instruct: InstructBehaviour = instruct
+        self.overlap_words = overlap_words
+        self.words = words
+        self.token_delay = token_delay
+        self.ping_interval = ping_interval
+        self.stall_seconds = stall_seconds
+        self.max_in_flight = max_in_flight
+        self.requests: list[RecordedRequest] = []
+        #: TCP connections open right now.
+        self.open_connections = 0
+        self._counters = _Counters()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._listener: anyio.abc.SocketListener | None = None
+
+    # -- addresses -----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def openai_url(self) -> str:
+        """Base URL for ``provider="openai"`` (like ``https://api.openai.com/v1``)."""
+        return self.url + "/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        """Base URL for ``provider="anthropic"`` (like ``https://api.anthropic.com``)."""
+        return self.url
+
+    def answer(self, messages: list[dict[str, Any]]) -> str:
+        """The full answer this upstream gives to ``messages`` (OpenAI-style)."""
+        return answer_for(messages, words=self.words)
+
+    def peak_in_flight(self, model: str | None = None) -> int:
+        """Most streams served at once (for one model, or in total with ``None``)."""
+        return self._counters.peak.get(model or "*", 0)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Upstream:
+        self._listener = await anyio.create_tcp_listener(
+            local_host="127.0.0.1", local_port=self.port
+        )
+        self.port = self._listener.extra(anyio.abc.SocketAttribute.local_port)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._listener.serve, self._handle)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._tg is not None and self._listener is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+        await self._listener.aclose()
+
+    @classmethod
+    @contextlib.contextmanager
+    def in_thread(cls, **kwargs: Any) -> Iterator[Upstream]:
+        """Run an upstream on its own event loop in a background thread (for sync code)."""
+        with anyio.from_thread.start_blocking_portal() as portal:
+            upstream = cls(**kwargs)
+            with portal.wrap_async_context_manager(upstream):
+                yield upstream
+
+    async def serve_forever(self) -> None:
+        async with self:
+            await anyio.sleep_forever()
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        self.open_connections += 1
+        try:
+            while True:
+                event = await self._next(conn, stream)
+                if not isinstance(event, h11.Request):
+                    return
+                body = b""
+                while True:
+                    part = await self._next(conn, stream)
+                    if isinstance(part, h11.Data):
+                        body += part.data
+                        if len(body) > _MAX_BODY:
+                            return
+                    elif isinstance(part, h11.EndOfMessage):
+                        break
+                    else:
+                        return
+                await self._respond(conn, stream, event, body)
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except _Reset:
+            raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            with contextlib.suppress(OSError):
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except (
+            anyio.BrokenResourceError,
+            anyio.ClosedResourceError,
+            anyio.EndOfStream,
+            h11.ProtocolError,
+            ConnectionError,
+        ):
+            pass
+        finally:
+            self.open_connections -= 1
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    @staticmethod
+    async def _next(conn: h11.Connection, stream: anyio.abc.SocketStream) -> Any:
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            try:
+                data = await stream.receive(65536)
+            except anyio.EndOfStream:
+                data = b""
+            conn.receive_data(data)
+
+    async def _send_simple(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        status: int,
+        body: bytes,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        hdrs = [("content-type", "application/json"), ("content-length", str(len(body)))]
+        await stream.send(
+            conn.send(h11.Response(status_code=status, headers=hdrs + (headers or [])))
+            + conn.send(h11.Data(data=body))
+            + conn.send(h11.EndOfMessage())
+        )
+
+    async def _respond(
+        self, conn: h11.Connection, stream: anyio.abc.SocketStream, req: h11.Request, raw: bytes
+    ) -> None:
+        path = req.target.decode("latin-1").split("?")[0]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in req.headers}
+        if req.method == b"GET" and path in ("/", "/health"):
+            await self._send_simple(conn, stream, 200, b'{"status":"ok"}')
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            await self._send_simple(conn, stream, 400, b'{"error":{"message":"invalid JSON"}}')
+            return
+        if path == "/_control/faults":
+            spec = self.models.setdefault(body["model"], ModelSpec()) if body.get("model") else None
+            plan = self.faults if spec is None else (spec.faults or FaultPlan())
+            plan.push(str(body.get("faults", "")))
+            if spec is not None:
+                spec.faults = plan
+            await self._send_simple(conn, stream, 200, b'{"ok":true}')
+            return
+        provider: Literal["openai", "anthropic"]
+        if path.endswith("/chat/completions"):
+            provider = "openai"
+        elif path.endswith("/messages"):
+            provider = "anthropic"
+        else:
+            await self._send_simple(conn, stream, 404, b'{"error":{"message":"not found"}}')
+            return
+        await self._chat(conn, stream, provider, path, headers, body)
+
+    async def _chat(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        provider: Literal["openai", "anthropic"],
+        path: str,
+        headers: dict[str, str],
+        body: dict[str, Any],
+    ) -> None:
+        model = str(body.get("model", ""))
+        spec = self.models.get(model, ModelSpec())
+        override = headers.get("x-upstream-fault")
+        if override:
+            fault = FaultPlan(override).next()
+        else:
+            fault = (spec.faults or self.faults).next()
+        record = RecordedRequest(path, headers, body, model, str(fault), at=time.monotonic())
+        self.requests.append(record)
+        render: Render = (
+            OpenAIRender(
+                model,
+                include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            )
+            if provider == "openai"
+            else AnthropicRender(model)
+        )
+
+        async def refuse(
+            status: int,
+            error_type: str | None = None,
+            message: str | None = None,
+            extra: list[tuple[str, str]] | None = None,
+        ) -> None:
+            record.status = status
+            await self._send_simple(
+                conn, stream, status, render.error_body(status, error_type, message), extra
+            )
+
+        messages = list(body.get("messages") or [])
+        if provider == "anthropic" and body.get("system"):
+            messages.insert(0, {"role": "system", "content": body["system"]})
+        if not messages or (provider == "anthropic" and "max_tokens" not in body):
+            await refuse(400, message="messages and (for /v1/messages) max_tokens are required")
+            return
+
+        limit = spec.max_in_flight if spec.max_in_flight is not None else self.max_in_flight
+        if limit is not None and self._counters.in_flight.get(model, 0) >= limit:
+            await refuse(429, "rate_limit_error", "Too many concurrent requests for this model")
+            return
+
+        if fault.kind in ("status", "at-capacity"):
+            extra: list[tuple[str, str]] = []
+            if fault.retry_after_ms is not None:
+                extra.append(("retry-after-ms", f"{fault.retry_after_ms:g}"))
+            if fault.retry_after is not None:
+                extra.append(("retry-after", f"{fault.retry_after:g}"))
+            if fault.retry_after_date is not None:
+                extra.append(
+                    (
+                        "retry-after",
+                        email.utils.formatdate(time.time() + fault.retry_after_date, usegmt=True),
+                    )
+                )
+            if fault.kind == "at-capacity":
+                await refuse(
+                    503,
+                    "server_is_overloaded",
+                    "Selected model is at capacity. Please try a different model.",
+                    extra,
+                )
+            else:
+                await refuse(fault.status, fault.error_type, fault.message, extra)
+            return
+
+        reply = plan_reply(
+            messages,
+            provider=provider,
+            body=body,
+            prefill=spec.prefill or self.prefill,
+            instruct=spec.instruct or self.instruct,
+            overlap_words=self.overlap_words,
+            words=self.words,
+        )
+        if reply.rejection is not None:
+            await refuse(400, *reply.rejection)
+            return
+
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        pieces = split_tokens(reply.text)
+        input_tokens = sum(len(str(m.get("content", ""))) for m in messages) // 4 + 1
+        delay = spec.token_delay if spec.token_delay is not None else self.token_delay
+        self._enter(model)
+        try:
+            await stream.send(
+                conn.send(
+                    h11.Response(
+                        status_code=200,
+                        headers=[
+                            ("content-type", "text/event-stream; charset=utf-8"),
+                            ("cache-control", "no-cache"),
+                            ("transfer-encoding", "chunked"),
+                        ],
+                    )
+                )
+            )
+            if fault.kind == "empty":
+                await stream.send(conn.send(h11.EndOfMessage()))
+                return
+            await self._stream_body(
+                conn, stream, render, pieces, fault, max_tokens, input_tokens, delay, record
+            )
+        finally:
+            self._leave(model)
+
+    def _enter(self, model: str) -> None:
+        c = self._counters
+        for key in (model, "*"):
+            c.in_flight[key] = c.in_flight.get(key, 0) + 1
+            c.peak[key] = max(c.peak.get(key, 0), c.in_flight[key])
+
+    def _leave(self, model: str) -> None:
+        for key in (model, "*"):
+            self._counters.in_flight[key] -= 1
+
+    async def _stream_body(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        render: Render,
+        pieces: tuple[tuple[str, int], ...],
+        fault: Fault,
+        max_tokens: int | None,
+        input_tokens: int,
+        delay: float,
+        record: RecordedRequest,
+    ) -> None:
+        buf = bytearray(render.start(input_tokens))
+
+        async def flush() -> None:
+            if buf:
+                await stream.send(conn.send(h11.Data(data=bytes(buf))))
+                buf.clear()
+
+        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty")
+        emitted = 0  # deltas, what fault positions count
+        tokens = 0
+        finish = "stop"
+        for piece, n in pieces:
+            if midstream and emitted >= fault.after:
+                break
+            if max_tokens is not None and tokens + n > max_tokens:
+                finish = "length"
+                break
+            buf += render.delta(piece)
+            emitted += 1
+            tokens += n
+            record.tokens = tokens
+            if delay > 0:
+                await flush()
+                await anyio.sleep(delay)
+            elif len(buf) >= _SEND_BATCH:
+                await flush()
+        if not midstream:
+            buf += render.finish(finish, input_tokens, tokens)
+            await flush()
+            await stream.send(conn.send(h11.EndOfMessage()))
+            return
+        kind = fault.kind
+        if kind in ("error", "error-openrouter"):
+            buf += render.in_band_error(kind, fault.error_type, fault.message)
+            await flush()
+            await stream.send(conn.send(h11.EndOfMessage()))
+        elif kind == "malformed":
+            buf += render.malformed()
+            await flush()
+            await stream.send(conn.send(h11.EndOfMessage()))
+        elif kind == "truncate":
+            await flush()
+            await stream.send(conn.send(h11.EndOfMessage()))
+        elif kind == "done-no-finish":
+            buf += render.terminator_without_finish()
+            await flush()
+            await stream.send(conn.send(h11.EndOfMessage()))
+        elif kind == "stall":
+            await flush()
+            until = anyio.current_time() + self.stall_seconds
+            while anyio.current_time() < until:
+                await anyio.sleep(self.ping_interval)
+                await stream.send(conn.send(h11.Data(data=render.ping())))
+            raise _Reset
+        else:  # reset
+            await flush()
+            raise _Reset
