@@ -175,9 +175,7 @@ def _error_of_body(body: str) -> Any:
     return {"message": body.strip()[:500]}
 
 
-def classify_response(
-    status: int, headers: Mapping[str, str], body: str, *, now: float
-) -> Failure:
+def classify_response(status: int, headers: Mapping[str, str], body: str, *, now: float) -> Failure:
     """Classify a non-2xx HTTP response.
 
     The message wins (an overload sent as 400 is still an overload), then an explicit quota or

@@ -42,8 +42,14 @@ def _real_target(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     provider = args.provider
     if args.base_url or args.api_key:
-        return {"provider": provider or "openai", "base_url": args.base_url, "api_key": args.api_key}
-    if provider in (None, "openai") and (os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")):
+        return {
+            "provider": provider or "openai",
+            "base_url": args.base_url,
+            "api_key": args.api_key,
+        }
+    if provider in (None, "openai") and (
+        os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")
+    ):
         return {"provider": "openai", "base_url": None, "api_key": None}
     if provider in (None, "anthropic") and os.environ.get("ANTHROPIC_API_KEY"):
         return {"provider": "anthropic", "base_url": None, "api_key": None}
@@ -51,7 +57,9 @@ def _real_target(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 @contextlib.asynccontextmanager
-async def _target(args: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Any], Upstream | None]]:
+async def _target(
+    args: argparse.Namespace,
+) -> AsyncIterator[tuple[dict[str, Any], Upstream | None]]:
     real = _real_target(args)
     if real is not None:
         default_model = "claude-sonnet-4-5" if real["provider"] == "anthropic" else "gpt-4o-mini"
@@ -60,10 +68,21 @@ async def _target(args: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Any
         return
     provider = args.provider or "openai"
     async with Upstream(
-        faults=_faults(args.faults), token_delay=args.token_delay, ping_interval=0.5, words=args.words
+        faults=_faults(args.faults),
+        token_delay=args.token_delay,
+        ping_interval=0.5,
+        words=args.words,
     ) as up:
         url = up.openai_url if provider == "openai" else up.anthropic_url
-        yield {"provider": provider, "base_url": url, "api_key": "demo", "model": args.model or [_DEMO_MODEL]}, up
+        yield (
+            {
+                "provider": provider,
+                "base_url": url,
+                "api_key": "demo",
+                "model": args.model or [_DEMO_MODEL],
+            },
+            up,
+        )
 
 
 async def _ask(args: argparse.Namespace) -> int:
@@ -89,8 +108,9 @@ async def _ask(args: argparse.Namespace) -> int:
                     elif ev.type == "done":
                         sys.stdout.write("\n")
                         print(
-                            f"\n[done: {ev.finish_reason}, model {ev.model}, {ev.attempts} attempt(s), "
-                            f"{ev.resumes} resume(s), {ev.deduplicated_chars} repeated characters removed, "
+                            f"\n[done: {ev.finish_reason}, model {ev.model}, "
+                            f"{ev.attempts} attempt(s), {ev.resumes} resume(s), "
+                            f"{ev.deduplicated_chars} repeated characters removed, "
                             f"{ev.usage.delivered_tokens} tokens, {ev.elapsed:.1f} s]",
                             file=err,
                         )
@@ -98,7 +118,8 @@ async def _ask(args: argparse.Namespace) -> int:
                             exact = ev.text == upstream.answer(messages)
                             print(
                                 f"[embedded upstream: {len(upstream.requests)} requests; "
-                                f"answer identical to the upstream's text: {'yes' if exact else 'NO'}]",
+                                "answer identical to the upstream's text: "
+                                f"{'yes' if exact else 'NO'}]",
                                 file=err,
                             )
                             return 0 if exact else 1
@@ -123,7 +144,11 @@ async def _serve(args: argparse.Namespace) -> None:
         max_in_flight=args.max_in_flight,
     )
     async with up:
-        print(f"embedded upstream on {up.url}  (openai: {up.openai_url}, anthropic: {up.anthropic_url})", flush=True)
+        print(
+            f"embedded upstream on {up.url}  "
+            f"(openai: {up.openai_url}, anthropic: {up.anthropic_url})",
+            flush=True,
+        )
         await anyio.sleep_forever()
 
 
@@ -134,15 +159,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logs on stderr")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    ask = sub.add_parser("ask", help="stream one answer (offline against the embedded upstream by default)")
+    ask = sub.add_parser(
+        "ask", help="stream one answer (offline against the embedded upstream by default)"
+    )
     ask.add_argument("question")
     ask.add_argument("--provider", choices=["openai", "anthropic"])
     ask.add_argument("--base-url")
     ask.add_argument("--api-key")
     ask.add_argument("--model", action="append", help="model name; repeat for a fallback chain")
-    ask.add_argument("--embedded", action="store_true", help="use the embedded upstream even if API keys are set")
-    ask.add_argument("--faults", default="storm", help="embedded upstream faults: none, light, storm or a plan")
-    ask.add_argument("--token-delay", type=float, default=0.015, help="embedded upstream seconds per token")
+    ask.add_argument(
+        "--embedded", action="store_true", help="use the embedded upstream even if API keys are set"
+    )
+    ask.add_argument(
+        "--faults", default="storm", help="embedded upstream faults: none, light, storm or a plan"
+    )
+    ask.add_argument(
+        "--token-delay", type=float, default=0.015, help="embedded upstream seconds per token"
+    )
     ask.add_argument("--words", type=int, default=120, help="embedded upstream answer length")
     ask.add_argument("--deadline", type=float, default=120.0)
     ask.add_argument("--stall-timeout", type=float, default=2.0)
@@ -154,7 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--token-delay", type=float, default=0.0)
     serve.add_argument("--words", type=int, default=90)
     serve.add_argument("--prefill", choices=["continue", "restart", "reject"], default="continue")
-    serve.add_argument("--instruct", choices=["overlap", "exact", "restart", "preamble"], default="overlap")
+    serve.add_argument(
+        "--instruct", choices=["overlap", "exact", "restart", "preamble"], default="overlap"
+    )
     serve.add_argument("--max-in-flight", type=int)
     return parser
 

@@ -63,11 +63,11 @@ def build_continuation(
     messages: list[dict[str, Any]], partial: str, *, strategy: Strategy, provider: str
 ) -> Continuation:
     """The request that continues ``partial``, the answer so far to ``messages``."""
-    original = list(messages)
+    original = list(messages)  # never the caller's list
     if strategy == "instruct":
         return Continuation(
-            messages=original
-            + [
+            messages=[
+                *original,
                 {"role": "assistant", "content": partial},
                 {"role": "user", "content": CONTINUE_INSTRUCTION},
             ],
@@ -75,18 +75,18 @@ def build_continuation(
         )
     if strategy == "prefix":
         return Continuation(
-            messages=original + [{"role": "assistant", "content": partial, "prefix": True}],
+            messages=[*original, {"role": "assistant", "content": partial, "prefix": True}],
             strategy=strategy,
         )
     if provider == "anthropic":
         kept = partial.rstrip()
         return Continuation(
-            messages=original + [{"role": "assistant", "content": kept}] if kept else original,
+            messages=[*original, {"role": "assistant", "content": kept}] if kept else original,
             strategy=strategy,
             stripped=len(partial) - len(kept),
         )
     return Continuation(
-        messages=original + [{"role": "assistant", "content": partial}],
+        messages=[*original, {"role": "assistant", "content": partial}],
         strategy=strategy,
         extra_body={"continue_final_message": True, "add_generation_prompt": False},
     )

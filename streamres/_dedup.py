@@ -39,7 +39,8 @@ _PREAMBLE = re.compile(
     r"\s*(?:(?:sure|okay|ok|certainly|of course|alright|absolutely|no problem)[,.!]?\s+)?"
     r"(?:(?:here(?:'s| is) the (?:rest|continuation)(?: of (?:the|my) (?:answer|response))?)"
     r"|(?:(?:i'll|i will|let me) )?continu(?:e|ing)"
-    r"(?: (?:from )?(?:where|right where) (?:i|we) left off)?(?: exactly)?(?: (?:from|with) there)?)"
+    r"(?: (?:from )?(?:where|right where) (?:i|we) left off)?(?: exactly)?"
+    r"(?: (?:from|with) there)?)"
     r"\s*(?::|\.\.\.|…|—|-|\.)+[ \t]*"
     r"|\s*(?:\.\.\.|…)",
     re.IGNORECASE,
@@ -138,9 +139,8 @@ class Deduplicator:
                 return ""
         self._held += text
         self.stats.held_chars = max(self.stats.held_chars, len(self._held))
-        if self._open():
-            if now - self._since < self._max_hold or len(self._held) >= self._commit:
-                return ""
+        if self._open() and (now - self._since < self._max_hold or len(self._held) >= self._commit):
+            return ""
         return self._decide(now)
 
     def poll(self, *, now: float) -> str:

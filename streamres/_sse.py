@@ -26,7 +26,7 @@ class SSEDecoder:
     [('', b'{"a": 1}')]
     """
 
-    __slots__ = ("_buf", "_name", "_data", "_started", "comments")
+    __slots__ = ("_buf", "_data", "_name", "_started", "comments")
 
     def __init__(self) -> None:
         self._buf = b""

@@ -423,6 +423,17 @@ def _transport_failure(exc: Exception) -> Failure:
     return failure("connection", f"connection lost mid-response ({exc or name})")
 
 
+async def _drain(chunks: AsyncIterator[bytes], seconds: float) -> None:
+    """Read what follows the terminal event (usually just the end of the chunked body), so
+    the connection can go back to the pool instead of being torn down."""
+    with anyio.move_on_after(seconds):
+        try:
+            async for _ in chunks:
+                pass
+        except httpx.TransportError:
+            pass
+
+
 async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[Event]:
     ans = _Answer(plan)
     own_client = client is None
@@ -453,6 +464,7 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
                 timeout=httpx.Timeout(None, connect=min(plan.stall_timeout, 10.0)),
             )
             response: httpx.Response | None = None
+            body_iter: AsyncIterator[bytes] | None = None
             try:
                 with anyio.move_on_after(min(ans.t_end, started + plan.stall_timeout) - now()):
                     response = await client.send(request, stream=True)
@@ -471,8 +483,8 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
                     if response.status_code >= 400:
                         body = b""
                         with anyio.move_on_after(min(ans.t_end - now(), plan.stall_timeout)):
-                            async for piece in response.aiter_bytes():
-                                body += piece
+                            async for part in response.aiter_bytes():
+                                body += part
                                 if len(body) > _ERROR_BODY_LIMIT:
                                     break
                         fail = classify_response(
@@ -482,7 +494,8 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
                             now=time.time(),
                         )
                     else:
-                        chunks = response.aiter_bytes().__aiter__()
+                        body_iter = response.aiter_bytes()
+                        chunks = body_iter.__aiter__()
                         last_content = started
                         while fail is None:
                             limit = min(ans.t_end, last_content + plan.stall_timeout)
@@ -507,9 +520,7 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
                                         ans.deliver(text)
                                         yield TextEvent(text)
                                     continue
-                                fail = failure(
-                                    "stall", f"no output for {plan.stall_timeout:g} s"
-                                )
+                                fail = failure("stall", f"no output for {plan.stall_timeout:g} s")
                                 break
                             events = sse.close() if eof else sse.feed(chunk or b"")
                             pieces: list[str] = []
@@ -530,11 +541,15 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
                                     yield TextEvent(text)
                             if decoder.error is not None or decoder.terminal or eof:
                                 fail = decoder.end_failure()
+                                if not eof:
+                                    await _drain(chunks, min(ans.t_end - now(), 1.0))
                                 break
                 except httpx.TransportError as exc:
                     fail = _transport_failure(exc)
                 finally:
                     with anyio.CancelScope(shield=True):
+                        if body_iter is not None:
+                            await body_iter.aclose()  # type: ignore[attr-defined]
                         await response.aclose()
             ans.add_usage(decoder)
             seconds = now() - started
@@ -606,9 +621,7 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
                     message = f"{model} refused the request ({fail.message}); not retried"
                 else:
                     message = f"gave up after {attempt} attempts: {decision.why}"
-                log.warning(
-                    "streamres.failed", model=model, reason=fail.kind, attempts=attempt
-                )
+                log.warning("streamres.failed", model=model, reason=fail.kind, attempts=attempt)
                 raise ans.error(cls, message, fail)
             if ans.chars:
                 ans.resumes += 1

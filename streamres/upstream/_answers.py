@@ -40,7 +40,7 @@ InstructBehaviour = Literal["overlap", "exact", "restart", "preamble"]
 CONTINUE_MARKER = re.compile(r"continue exactly where", re.IGNORECASE)
 PREAMBLE = "Sure, continuing from where I left off: "
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905 - a word list reads better as prose than as 70 quoted items
     "the window grows with every acknowledged segment until a loss signals congestion and "
     "the sender halves its rate then probes again carefully packets queue at the bottleneck "
     "router while the receiver advertises buffer space latency rises before throughput falls "
@@ -54,7 +54,9 @@ def _text_of(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
         )
     return str(content)
 

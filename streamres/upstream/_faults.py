@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-__all__ = ["Fault", "FaultPlan", "parse_faults", "PRESETS"]
+__all__ = ["PRESETS", "Fault", "FaultPlan", "parse_faults"]
 
 FaultKind = Literal[
     "status",
@@ -44,7 +44,15 @@ FaultKind = Literal[
     "empty",
     "ok",
 ]
-_MIDSTREAM = ("error", "error-openrouter", "reset", "stall", "malformed", "truncate", "done-no-finish")
+_MIDSTREAM = (
+    "error",
+    "error-openrouter",
+    "reset",
+    "stall",
+    "malformed",
+    "truncate",
+    "done-no-finish",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +202,12 @@ class FaultPlan:
         if r < self.stall_rate:
             return Fault(kind="stall", after=after)
         if r < self.stall_rate + self.midstream_rate:
-            kind = self.rng.choice(("error", "reset", "truncate", "done-no-finish", "malformed"))
-            return Fault(kind=kind, after=after)
+            kinds: tuple[FaultKind, ...] = (
+                "error",
+                "reset",
+                "truncate",
+                "done-no-finish",
+                "malformed",
+            )
+            return Fault(kind=self.rng.choice(kinds), after=after)
         return Fault()

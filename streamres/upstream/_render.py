@@ -120,7 +120,8 @@ class OpenAIRender(Render):
         if kind == "error-openrouter":
             err = {"code": "server_error", "message": "Provider disconnected unexpectedly"}
             choice = {"index": 0, "delta": {"content": ""}, "finish_reason": "error"}
-            return f'data: {self.head}"error":{_dumps(err)},"choices":[{_dumps(choice)}]}}\n\n'.encode()
+            body = f'{self.head}"error":{_dumps(err)},"choices":[{_dumps(choice)}]}}'
+            return f"data: {body}\n\n".encode()
         err = {
             "message": message
             or "The server had an error while processing your request. Sorry about that!",
@@ -152,7 +153,7 @@ class AnthropicRender(Render):
         return _dumps({"type": "error", "error": err}).encode()
 
     def start(self, input_tokens: int) -> bytes:
-        message = {
+        message: dict[str, Any] = {
             "id": self.id,
             "type": "message",
             "role": "assistant",

@@ -110,8 +110,9 @@ class Upstream:
         #: TCP connections open right now.
         self.open_connections = 0
         self._counters = _Counters()
+        self._idle: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._listener: anyio.abc.SocketListener | None = None
+        self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
 
     # -- addresses -----------------------------------------------------------------------
 
@@ -133,6 +134,12 @@ class Upstream:
         """The full answer this upstream gives to ``messages`` (OpenAI-style)."""
         return answer_for(messages, words=self.words)
 
+    async def wait_idle(self) -> None:
+        """Return once no client connection is open (tests: nothing leaked)."""
+        while self.open_connections:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
     def peak_in_flight(self, model: str | None = None) -> int:
         """Most streams served at once (for one model, or in total with ``None``)."""
         return self._counters.peak.get(model or "*", 0)
@@ -140,17 +147,17 @@ class Upstream:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Upstream:
-        self._listener = await anyio.create_tcp_listener(
-            local_host="127.0.0.1", local_port=self.port
-        )
-        self.port = self._listener.extra(anyio.abc.SocketAttribute.local_port)
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
+        self._listener = listener
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._tg.start_soon(self._listener.serve, self._handle)
+        self._tg.start_soon(listener.serve, self._handle)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._tg is not None and self._listener is not None
+        if self._tg is None or self._listener is None:
+            return
         self._tg.cancel_scope.cancel()
         await self._tg.__aexit__(None, None, None)
         await self._listener.aclose()
@@ -207,6 +214,8 @@ class Upstream:
             pass
         finally:
             self.open_connections -= 1
+            if not self.open_connections and self._idle is not None:
+                self._idle.set()
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
@@ -280,10 +289,8 @@ class Upstream:
         model = str(body.get("model", ""))
         spec = self.models.get(model, ModelSpec())
         override = headers.get("x-upstream-fault")
-        if override:
-            fault = FaultPlan(override).next()
-        else:
-            fault = (spec.faults or self.faults).next()
+        plan = FaultPlan(override) if override else (spec.faults or self.faults)
+        fault = plan.next()
         record = RecordedRequest(path, headers, body, model, str(fault), at=time.monotonic())
         self.requests.append(record)
         render: Render = (
@@ -412,17 +419,15 @@ class Upstream:
                 buf.clear()
 
         midstream = fault.kind not in ("ok", "status", "at-capacity", "empty")
-        emitted = 0  # deltas, what fault positions count
         tokens = 0
         finish = "stop"
-        for piece, n in pieces:
+        for emitted, (piece, n) in enumerate(pieces):
             if midstream and emitted >= fault.after:
                 break
             if max_tokens is not None and tokens + n > max_tokens:
                 finish = "length"
                 break
             buf += render.delta(piece)
-            emitted += 1
             tokens += n
             record.tokens = tokens
             if delay > 0:

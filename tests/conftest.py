@@ -1,0 +1,44 @@
+"""Shared fixtures: every async test runs on asyncio and on trio."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import streamres
+from streamres.upstream import Upstream
+
+#: Backoff for tests: real waits, but short ones.
+FAST = streamres.Backoff(initial=0.01, multiplier=2.0, maximum=0.05)
+USER = [{"role": "user", "content": "Explain TCP slow start."}]
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def collect(stream: streamres.ResilientStream) -> tuple[str, list[Any], streamres.DoneEvent]:
+    """Drain a stream: (text from text events, every event, the done event)."""
+    text = ""
+    events: list[Any] = []
+    async with stream:
+        async for ev in stream:
+            events.append(ev)
+            if ev.type == "text":
+                text += ev.text
+    done = events[-1]
+    assert isinstance(done, streamres.DoneEvent)
+    return text, events, done
+
+
+def url_for(up: Upstream, provider: str) -> str:
+    return up.openai_url if provider == "openai" else up.anthropic_url
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    async with Upstream(ping_interval=0.02) as up:
+        yield up

@@ -1,0 +1,103 @@
+"""The backoff formula and the retry/switch/give-up policy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamres import Backoff
+from streamres._classify import Failure
+from streamres._policy import decide
+
+
+@given(
+    st.integers(min_value=1, max_value=10_000),
+    st.floats(min_value=0, max_value=1, exclude_max=True),
+    st.one_of(st.none(), st.floats(min_value=0, max_value=3600)),
+)
+def test_delay_stays_in_bounds(failures: int, rand: float, hint: float | None) -> None:
+    """The wait is within [0, maximum], and never below a server's Retry-After."""
+    b = Backoff()
+    d = b.delay(failures, rand=rand, hint=hint)
+    assert d >= 0
+    if hint is None:
+        assert d <= b.maximum
+    else:
+        assert hint <= d <= max(b.maximum, hint + 0.1 + 0.1 * hint)
+
+
+def test_ceilings_grow_then_cap() -> None:
+    """Ceilings run 1, 3, 9, 27, then stay at 30 s."""
+    assert [Backoff().ceiling(n) for n in range(1, 7)] == [1, 3, 9, 27, 30, 30]
+
+
+def test_seed_schedule() -> None:
+    """The seed's 5/15/45 s schedule is one configuration away."""
+    b = Backoff(initial=5, multiplier=3, maximum=45)
+    assert [b.ceiling(n) for n in (1, 2, 3, 4)] == [5, 15, 45, 45]
+
+
+def test_bad_configuration_is_refused() -> None:
+    """A backoff that cannot work says why."""
+    with pytest.raises(ValueError, match="initial > 0"):
+        Backoff(initial=0)
+
+
+def _decide(f: Failure, **kw: object) -> object:
+    args: dict[str, object] = {
+        "attempt": 1,
+        "max_attempts": None,
+        "model_index": 0,
+        "failures": [1],
+        "time_left": 100.0,
+        "backoff": Backoff(),
+        "rand": 0.5,
+        "fallback_after": 2,
+    }
+    args.update(kw)
+    return decide(f, **args)  # type: ignore[arg-type]
+
+
+def test_permanent_gives_up() -> None:
+    """A permanent error is never retried."""
+    d = _decide(Failure("permanent", "bad key", 401))
+    assert d.action == "give_up" and d.error == "rejected"  # type: ignore[attr-defined]
+
+
+def test_hint_longer_than_time_left_fails_fast() -> None:
+    """A Retry-After past the deadline gives up now instead of sleeping in vain."""
+    d = _decide(Failure("capacity", "busy", 529, retry_after=30), time_left=10.0)
+    assert d.action == "give_up" and d.error == "deadline"  # type: ignore[attr-defined]
+    assert "30.0 s" in d.why  # type: ignore[attr-defined]
+
+
+def test_hint_longer_than_time_left_switches_model_when_it_can() -> None:
+    """…or moves to the next model when there is one."""
+    d = _decide(Failure("capacity", "busy", 529, retry_after=30), time_left=10.0, failures=[1, 0])
+    assert (d.action, d.model_index, d.delay) == ("switch", 1, 0.0)  # type: ignore[attr-defined]
+
+
+def test_at_capacity_switches_at_once() -> None:
+    """'Selected model is at capacity' moves to the next model on the first failure."""
+    f = Failure("capacity", "Selected model is at capacity", 503, switch_model=True)
+    assert _decide(f, failures=[1, 0]).action == "switch"  # type: ignore[attr-defined]
+    assert _decide(Failure("capacity", "busy", 503), failures=[1, 0]).action == "retry"  # type: ignore[attr-defined]
+
+
+def test_consecutive_failures_switch() -> None:
+    """fallback_after consecutive failures move on; the chain wraps around."""
+    d = _decide(Failure("capacity", "busy"), model_index=1, failures=[0, 2])
+    assert (d.action, d.model_index) == ("switch", 0)  # type: ignore[attr-defined]
+
+
+def test_attempt_cap() -> None:
+    """max_attempts is a cap, when set."""
+    d = _decide(Failure("stall", "quiet"), attempt=3, max_attempts=3)
+    assert d.action == "give_up" and d.error == "attempts"  # type: ignore[attr-defined]
+
+
+def test_prefill_rejected_retries_immediately() -> None:
+    """A refused prefill is retried at once (with the instruct strategy)."""
+    d = _decide(Failure("prefill_rejected", "no prefill", 400))
+    assert (d.action, d.delay) == ("retry", 0.0)  # type: ignore[attr-defined]

@@ -1,0 +1,205 @@
+"""Provider requests and stream decoders, from real wire captures (no network)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from streamres import _anthropic, _openai
+from streamres._continuation import CONTINUE_INSTRUCTION, build_continuation, choose
+from streamres._sse import SSEDecoder
+from streamres._wire import StreamDecoder
+
+OPENAI_OK = (
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"The"},"finish_reason":null}],"usage":null}\n\n'
+    b": keep-alive\n\n"
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" end"},"finish_reason":null}]}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}\n\n'
+    b"data: [DONE]\n\n"
+)
+ANTHROPIC_OK = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude","stop_reason":null,"usage":{"input_tokens":25,"output_tokens":1}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
+    b'event: ping\ndata: {"type": "ping"}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}\n\n'
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+
+
+def decode(decoder: StreamDecoder, body: bytes) -> str:
+    sse = SSEDecoder()
+    text = "".join(decoder.feed(n, d) for n, d in sse.feed(body) + sse.close())
+    return text
+
+
+async def _via_mock_transport(body: bytes) -> bytes:
+    """Bytes as an httpx client streams them, split awkwardly."""
+    pieces = [body[i : i + 13] for i in range(0, len(body), 13)]
+
+    async def stream() -> object:
+        for p in pieces:
+            yield p
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=stream())  # type: ignore[arg-type]
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client,
+        client.stream("POST", "http://test/") as response,
+    ):
+        return b"".join([c async for c in response.aiter_bytes()])
+
+
+@pytest.mark.anyio
+async def test_openai_stream() -> None:
+    """A complete Chat Completions stream: text, finish reason, usage, terminator."""
+    dec = _openai.OpenAIDecoder()
+    assert decode(dec, await _via_mock_transport(OPENAI_OK)) == "The end"
+    assert (dec.finish_reason, dec.terminal, dec.input_tokens, dec.output_tokens) == (
+        "stop",
+        True,
+        9,
+        2,
+    )
+    assert dec.end_failure() is None
+
+
+def test_anthropic_stream() -> None:
+    """A complete Messages stream: text, normalised stop reason, usage."""
+    dec = _anthropic.AnthropicDecoder()
+    assert decode(dec, ANTHROPIC_OK) == "Hello"
+    assert (dec.finish_reason, dec.terminal, dec.input_tokens, dec.output_tokens) == (
+        "stop",
+        True,
+        25,
+        15,
+    )
+    assert dec.end_failure() is None
+
+
+def test_done_without_finish_reason_is_truncation() -> None:
+    """llama-cpp-python's cut stream: [DONE] with no finish_reason is not success."""
+    dec = _openai.OpenAIDecoder()
+    body = OPENAI_OK.replace(b'"finish_reason":"stop"', b'"finish_reason":null')
+    decode(dec, body)
+    failure = dec.end_failure()
+    assert failure is not None and failure.kind == "truncated"
+
+
+def test_empty_body_is_truncation() -> None:
+    """An empty 200 body (over-long prompt on llama-cpp-python) is not success."""
+    for dec in (_openai.OpenAIDecoder(), _anthropic.AnthropicDecoder()):
+        decode(dec, b"")
+        failure = dec.end_failure()
+        assert failure is not None and failure.kind == "truncated"
+
+
+def test_in_band_errors() -> None:
+    """Errors inside 200 streams, in each provider's shape, are classified."""
+    cases = [
+        (
+            _openai.OpenAIDecoder(),
+            b'data: {"error": {"message": "The server had an error", "type": "server_error"}}\n\n',
+            "transient",
+        ),
+        (
+            _openai.OpenAIDecoder(),
+            b'data: {"id":"x","error":{"code":"server_error","message":"Provider disconnected"},"choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]}\n\n',
+            "transient",
+        ),
+        (
+            _anthropic.AnthropicDecoder(),
+            b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n',
+            "capacity",
+        ),
+        (
+            _openai.OpenAIDecoder(),
+            b'data: {"choices":[{"delta":{"content":"broken\n\n',
+            "malformed",
+        ),
+    ]
+    for dec, body, kind in cases:
+        decode(dec, body)
+        assert dec.error is not None and dec.error.kind == kind, body
+
+
+def test_openai_request_like_the_sdk() -> None:
+    """Bearer auth, stream with usage, max_tokens for compatible servers."""
+    req = _openai.build_request(
+        base_url="http://h/v1/",
+        api_key="sk-x",
+        model="m",
+        messages=[{"role": "user", "content": "q"}],
+        max_tokens=50,
+        extra_body={"temperature": 0.2},
+        extra_headers={},
+    )
+    assert req.url == "http://h/v1/chat/completions"
+    assert req.headers["authorization"] == "Bearer sk-x"
+    assert req.body["stream"] is True and req.body["stream_options"] == {"include_usage": True}
+    assert (req.body["max_tokens"], req.body["temperature"]) == (50, 0.2)
+    official = _openai.build_request(
+        base_url="https://api.openai.com/v1",
+        api_key="k",
+        model="m",
+        messages=[],
+        max_tokens=5,
+        extra_body={},
+        extra_headers={},
+    )
+    assert official.body["max_completion_tokens"] == 5 and "max_tokens" not in official.body
+
+
+def test_anthropic_request_like_the_sdk() -> None:
+    """x-api-key, anthropic-version, system lifted to the top level, max_tokens defaulted."""
+    req = _anthropic.build_request(
+        base_url="http://h",
+        api_key="k",
+        model="claude",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}],
+        max_tokens=None,
+        extra_body={},
+        extra_headers={},
+    )
+    assert req.url == "http://h/v1/messages"
+    assert req.headers["x-api-key"] == "k" and req.headers["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in req.headers
+    assert req.body["system"] == "Be brief."
+    assert req.body["messages"] == [{"role": "user", "content": "q"}]
+    assert req.body["max_tokens"] == _anthropic.DEFAULT_MAX_TOKENS
+    assert json.dumps(req.body)
+
+
+MSGS = [{"role": "user", "content": "q"}]
+
+
+def test_continuation_shapes() -> None:
+    """Each strategy builds the request its servers expect."""
+    pre = build_continuation(MSGS, "partial answer \n", strategy="prefill", provider="anthropic")
+    assert pre.messages[-1] == {"role": "assistant", "content": "partial answer"}
+    assert pre.stripped == 2
+    vllm = build_continuation(MSGS, "partial ", strategy="prefill", provider="openai")
+    assert vllm.messages[-1]["content"] == "partial "
+    assert vllm.extra_body == {"continue_final_message": True, "add_generation_prompt": False}
+    prefix = build_continuation(MSGS, "partial", strategy="prefix", provider="openai")
+    assert prefix.messages[-1] == {"role": "assistant", "content": "partial", "prefix": True}
+    inst = build_continuation(MSGS, "partial", strategy="instruct", provider="openai")
+    assert inst.messages[-2:] == [
+        {"role": "assistant", "content": "partial"},
+        {"role": "user", "content": CONTINUE_INSTRUCTION},
+    ]
+    assert MSGS == [{"role": "user", "content": "q"}]  # the caller's list is untouched
+
+
+def test_auto_strategy() -> None:
+    """auto: prefill for Anthropic, prefix for DeepSeek/Mistral, instruct for the rest."""
+    assert choose("anthropic", "https://api.anthropic.com", "auto") == "prefill"
+    assert choose("openai", "https://api.deepseek.com/beta", "auto") == "prefix"
+    assert choose("openai", "https://api.openai.com/v1", "auto") == "instruct"
+    assert choose("openai", "http://vllm:8000/v1", "prefill") == "prefill"
