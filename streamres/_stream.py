@@ -71,6 +71,14 @@ _DEFAULT_URLS = {
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _RESERVED = frozenset({"model", "messages", "stream", "max_tokens", "max_completion_tokens"})
 _ERROR_BODY_LIMIT = 64 * 1024
+_LOG_EVENT = {
+    ("retry", False): "streamres.retry_scheduled",
+    ("retry", True): "streamres.resume_scheduled",
+    ("switch", False): "streamres.fallback_scheduled",
+    ("switch", True): "streamres.fallback_scheduled",
+    ("give_up", False): "streamres.attempt_failed",
+    ("give_up", True): "streamres.attempt_failed",
+}
 
 # (base_url, model) pairs whose server refused an assistant prefill: instruct from now on.
 _prefill_refused: set[tuple[str, str]] = set()
@@ -602,7 +610,7 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
             )
             tokens = await ans.tokens() if ans.chars else 0
             log.info(
-                "streamres.attempt_failed",
+                _LOG_EVENT[decision.action, bool(ans.chars)],
                 model=model,
                 attempt=attempt,
                 reason=fail.kind,

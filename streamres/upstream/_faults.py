@@ -91,9 +91,13 @@ def _parse_one(item: str) -> list[Fault]:
     count = 1
     if "*" in item:
         item, _, n = item.rpartition("*")
+        if not n.isdigit():
+            raise ValueError(f"fault {item!r}: after '*' comes a repeat count, such as 429*3")
         count = int(n)
     head, _, opts = item.partition(":")
     kind, _, after = head.partition("@")
+    if after and not after.isdigit():
+        raise ValueError(f"fault {item!r}: after '@' comes a token count, such as reset@40")
     fault = Fault()
     if kind.isdigit():
         fault = Fault(kind="status", status=int(kind))

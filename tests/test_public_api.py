@@ -1,0 +1,66 @@
+"""The public surface stays exactly what is documented."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import streamres
+
+PUBLIC = {
+    "CONTINUE_INSTRUCTION",
+    "Attempt",
+    "AttemptsExhausted",
+    "Backoff",
+    "DeadlineExceeded",
+    "DoneEvent",
+    "Event",
+    "FallbackEvent",
+    "InvalidRequest",
+    "RequestRejected",
+    "ResilientStream",
+    "ResumeEvent",
+    "RetryEvent",
+    "StatusEvent",
+    "StreamError",
+    "TextEvent",
+    "Usage",
+    "stream_resilient",
+}
+
+
+def test_all_is_exactly_the_public_names() -> None:
+    """__all__ lists the public names, and each exists."""
+    assert set(streamres.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert getattr(streamres, name) is not None
+
+
+def test_error_tree() -> None:
+    """Every error is a StreamError; the timeout and bad-input ones fit standard handlers."""
+    for cls in (
+        streamres.InvalidRequest,
+        streamres.RequestRejected,
+        streamres.DeadlineExceeded,
+        streamres.AttemptsExhausted,
+    ):
+        assert issubclass(cls, streamres.StreamError)
+    assert issubclass(streamres.DeadlineExceeded, TimeoutError)
+    assert issubclass(streamres.InvalidRequest, ValueError)
+    err = streamres.DeadlineExceeded("late", partial_text="abc")
+    assert err.partial_text == "abc"
+    assert "3 characters were delivered first" in str(err)
+
+
+def test_events_are_frozen_and_typed() -> None:
+    """Events are frozen dataclasses whose type field names them."""
+    ev = streamres.TextEvent("hi")
+    assert ev.type == "text"
+    try:
+        ev.text = "x"  # type: ignore[misc]
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:  # pragma: no cover
+        raise AssertionError("TextEvent is not frozen")
+    for cls in (streamres.RetryEvent, streamres.ResumeEvent, streamres.FallbackEvent):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert {"message", "attempt", "reason", "tokens_so_far", "type"} <= fields
