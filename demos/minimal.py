@@ -1,0 +1,42 @@
+"""The smallest UI integration: print the answer as it streams, and each status line.
+
+Runs offline against the embedded upstream with a few faults:
+
+    python demos/minimal.py
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import anyio
+import structlog
+
+import streamres
+from streamres.upstream import Upstream
+
+
+async def main() -> None:
+    messages = [{"role": "user", "content": "Explain TCP slow start."}]
+    async with Upstream(faults="529:retry-after=0.5,reset@30", token_delay=0.01) as up:
+        async for ev in streamres.stream_resilient(
+            messages, model="demo", base_url=up.openai_url, api_key="demo", deadline=60
+        ):
+            match ev.type:
+                case "text":
+                    print(ev.text, end="", flush=True)
+                case "done":
+                    print(f"\n[{ev.finish_reason}, {ev.attempts} attempts, {ev.resumes} resumes]")
+                case _:
+                    print(f"\n[{ev.message}]")
+
+
+if __name__ == "__main__":
+    # The library logs through structlog and never configures it; an application chooses
+    # where logs go. Here: warnings and worse, to stderr, away from the answer.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+    anyio.run(main)
