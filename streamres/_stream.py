@@ -358,6 +358,10 @@ class _Answer:
         plan = self.plan
         build, _ = _PROVIDERS[plan.provider]
         budget = plan.max_tokens
+        if budget is None and plan.provider == "anthropic":
+            # The API requires max_tokens; the default bounds the whole answer, as it would
+            # bound one uninterrupted stream.
+            budget = _anthropic.DEFAULT_MAX_TOKENS
         messages, extra, dedup = plan.messages, plan.extra_body, None
         if self.chars:
             if budget is not None:
@@ -464,13 +468,18 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
             chars_before = ans.chars
             fail: Failure | None = None
             log.debug("streamres.attempt_started", model=model, attempt=attempt, url=req.url)
-            request = client.build_request(
-                "POST",
-                req.url,
-                headers=req.headers,
-                json=req.body,
-                timeout=httpx.Timeout(None, connect=min(plan.stall_timeout, 10.0)),
-            )
+            try:
+                request = client.build_request(
+                    "POST",
+                    req.url,
+                    headers=req.headers,
+                    json=req.body,
+                    timeout=httpx.Timeout(None, connect=min(plan.stall_timeout, 10.0)),
+                )
+            except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
+                raise ans.error(
+                    InvalidRequest, f"cannot build the request to {req.url}: {exc}", None
+                ) from exc
             response: httpx.Response | None = None
             body_iter: AsyncIterator[bytes] | None = None
             try:

@@ -373,3 +373,20 @@ async def test_unreachable_server_is_retried_until_the_deadline() -> None:
             streamres.stream_resilient(USER, model="m", base_url=url, deadline=0.5, backoff=FAST)
         )
     assert info.value.attempts and info.value.attempts[0].outcome == "connection"
+
+
+async def test_unserialisable_body_is_an_invalid_request(upstream: Upstream) -> None:
+    """An extra body field JSON cannot encode is a clear InvalidRequest, not a TypeError."""
+    with pytest.raises(streamres.InvalidRequest, match="cannot build the request"):
+        await collect(stream(upstream, temperature=object()))
+    assert upstream.requests == []
+
+
+async def test_anthropic_default_max_tokens_bounds_the_whole_answer(upstream: Upstream) -> None:
+    """Without max_tokens, Anthropic gets the default once, and resumes ask for what is left."""
+    upstream.faults.push("reset@15")
+    _, events, _ = await collect(stream(upstream, "anthropic"))
+    resume = next(e for e in events if e.type == "resume")
+    first, second = (r.body["max_tokens"] for r in upstream.requests)
+    assert first == 4096
+    assert second == 4096 - resume.tokens_so_far
