@@ -12,6 +12,8 @@
 """
 
 from ._backoff import Backoff
+from ._balance import RetryBudget
+from ._client import Client
 from ._continuation import CONTINUE_INSTRUCTION
 from ._errors import (
     AttemptsExhausted,
@@ -31,6 +33,8 @@ from ._events import (
     TextEvent,
     Usage,
 )
+from ._metrics import Health, ModelMetrics
+from ._routes import Route
 from ._stream import ResilientStream, stream_resilient
 
 __all__ = [
@@ -38,15 +42,20 @@ __all__ = [
     "Attempt",
     "AttemptsExhausted",
     "Backoff",
+    "Client",
     "DeadlineExceeded",
     "DoneEvent",
     "Event",
     "FallbackEvent",
+    "Health",
     "InvalidRequest",
+    "ModelMetrics",
     "RequestRejected",
     "ResilientStream",
     "ResumeEvent",
+    "RetryBudget",
     "RetryEvent",
+    "Route",
     "StatusEvent",
     "StreamError",
     "TextEvent",

@@ -13,12 +13,10 @@ which only content resets (keep-alive comments and pings do not).
 
 from __future__ import annotations
 
-import os
 import random
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
@@ -48,7 +46,11 @@ from ._events import (
     TextEvent,
     Usage,
 )
+from ._fleet import Fleet
+from ._limits import Limits
+from ._options import Options, check_options, resolve_route
 from ._policy import decide
+from ._routes import Route
 from ._sse import SSEDecoder
 from ._tokens import TokenLedger, counter_for
 from ._wire import HttpRequest, StreamDecoder
@@ -64,12 +66,6 @@ _PROVIDERS: dict[str, tuple[Callable[..., HttpRequest], type[StreamDecoder]]] = 
     "openai": (_openai.build_request, _openai.OpenAIDecoder),
     "anthropic": (_anthropic.build_request, _anthropic.AnthropicDecoder),
 }
-_DEFAULT_URLS = {
-    "openai": ("OPENAI_BASE_URL", "https://api.openai.com/v1", "OPENAI_API_KEY"),
-    "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
-}
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-_RESERVED = frozenset({"model", "messages", "stream", "max_tokens", "max_completion_tokens"})
 _ERROR_BODY_LIMIT = 64 * 1024
 _LOG_EVENT = {
     ("retry", False): "streamres.retry_scheduled",
@@ -105,102 +101,6 @@ async def _counter(model: str) -> tuple[str, Callable[[str], int]]:
     return got
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """Validated arguments of one ``stream_resilient()`` call."""
-
-    messages: list[dict[str, Any]]
-    models: tuple[str, ...]
-    provider: Provider
-    base_url: str
-    api_key: str | None
-    deadline: float
-    stall_timeout: float
-    max_tokens: int | None
-    continuation: str
-    max_attempts: int | None
-    backoff: Backoff
-    fallback_after: int
-    headers: dict[str, str]
-    extra_body: dict[str, Any]
-    rng: random.Random = field(default_factory=random.Random)
-
-
-def _validate(
-    messages: Any,
-    model: Any,
-    provider: Any,
-    base_url: Any,
-    api_key: Any,
-    deadline: Any,
-    stall_timeout: Any,
-    max_tokens: Any,
-    continuation: Any,
-    max_attempts: Any,
-    backoff: Backoff | None,
-    fallback_after: Any,
-    headers: Mapping[str, str] | None,
-    more: dict[str, Any],
-    rng: random.Random | None,
-) -> _Plan:
-    def bad(what: str) -> InvalidRequest:
-        return InvalidRequest(what, reason="invalid")
-
-    if provider not in _PROVIDERS:
-        raise bad(f"provider must be 'openai' or 'anthropic', not {provider!r}")
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
-        raise bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
-    checked: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise bad(f"messages[{i}] must be a dict with 'role' and 'content'; got {m!r:.80}")
-        if m["role"] not in _ROLES:
-            raise bad(f"messages[{i}] has role {m['role']!r}; expected one of {sorted(_ROLES)}")
-        if not isinstance(m["content"], (str, list)):
-            raise bad(f"messages[{i}]['content'] must be a string or a list of content parts")
-        checked.append(dict(m))
-    models = (model,) if isinstance(model, str) else tuple(model or ())
-    if not models or not all(isinstance(x, str) and x for x in models):
-        raise bad("model must be a model name or a non-empty sequence of model names")
-    env_url, official, env_key = _DEFAULT_URLS[provider]
-    url = base_url or os.environ.get(env_url) or official
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise bad(f"base_url must be an http:// or https:// URL, not {url!r}")
-    key = api_key if api_key is not None else os.environ.get(env_key)
-    if not key and url == official:
-        raise bad(f"no API key for {official}: pass api_key=... or set {env_key}")
-    for name, value, low in (("deadline", deadline, 0), ("stall_timeout", stall_timeout, 0)):
-        if not isinstance(value, (int, float)) or not value > low:
-            raise bad(f"{name} must be a positive number of seconds, not {value!r}")
-    for name, value in (("max_tokens", max_tokens), ("max_attempts", max_attempts)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise bad(f"{name} must be None or a positive integer, not {value!r}")
-    if continuation not in ("auto", "prefill", "prefix", "instruct"):
-        raise bad("continuation must be 'auto', 'prefill', 'prefix' or 'instruct'")
-    if not isinstance(fallback_after, int) or fallback_after < 1:
-        raise bad(f"fallback_after must be a positive integer, not {fallback_after!r}")
-    reserved = _RESERVED & more.keys()
-    if reserved:
-        raise bad(f"{sorted(reserved)} are set by streamres; use model=/max_tokens= instead")
-    return _Plan(
-        messages=checked,
-        models=models,
-        provider=provider,
-        base_url=url,
-        api_key=key,
-        deadline=float(deadline),
-        stall_timeout=float(stall_timeout),
-        max_tokens=max_tokens,
-        continuation=continuation,
-        max_attempts=max_attempts,
-        backoff=backoff or Backoff(),
-        fallback_after=fallback_after,
-        headers=dict(headers or {}),
-        extra_body=more,
-        rng=rng or random.Random(),
-    )
-
-
 def stream_resilient(
     messages: Sequence[Mapping[str, Any]],
     *,
@@ -225,6 +125,8 @@ def stream_resilient(
     Returns an async iterator of events (see :mod:`streamres` for the event types) that is
     also an async context manager: ``async with`` closes the HTTP response at once if the
     caller stops early. Extra keyword arguments (``temperature=``…) go into the request body.
+    ``model`` may be a sequence of names: a fallback chain on the same server. For many
+    models, endpoints and shared limits, use :class:`streamres.Client`.
 
     >>> async def main():
     ...     async with stream_resilient(
@@ -237,24 +139,42 @@ def stream_resilient(
     Raises :class:`InvalidRequest` at once for bad arguments; every other failure is raised
     while iterating, as a :class:`StreamError` carrying ``partial_text``.
     """
-    plan = _validate(
+    names = (model,) if isinstance(model, str) else tuple(model or ())
+    if not names or not all(isinstance(m, str) and m for m in names):
+        raise InvalidRequest(
+            "model must be a model name or a non-empty sequence of model names", reason="invalid"
+        )
+    routes = [
+        resolve_route(
+            Route(
+                m,
+                provider=provider,
+                base_url=base_url,
+                api_key=api_key,
+                name=f"{m}#{i}",
+                continuation=continuation,
+            )
+        )
+        for i, m in enumerate(names)
+    ]
+    # One call has no other streams to protect, so no breakers: it keeps trying until the
+    # deadline. A Client shares breakers across its streams.
+    fleet = Fleet(routes, breaker_threshold=1_000_000_000)
+    opts = check_options(
         messages,
-        model,
-        provider,
-        base_url,
-        api_key,
-        deadline,
-        stall_timeout,
-        max_tokens,
-        continuation,
-        max_attempts,
-        backoff,
-        fallback_after,
-        headers,
-        more,
-        rng,
+        fleet=fleet,
+        chain=range(len(routes)),
+        deadline=deadline,
+        stall_timeout=stall_timeout,
+        max_tokens=max_tokens,
+        max_attempts=max_attempts,
+        backoff=backoff,
+        fallback_after=fallback_after,
+        headers=headers,
+        more=more,
+        rng=rng,
     )
-    return ResilientStream(_run(plan, client))
+    return ResilientStream(_run(opts, client, None))
 
 
 class ResilientStream:
@@ -288,28 +208,38 @@ class ResilientStream:
 
 
 class _Answer:
-    """State of one answer across attempts (delivered text, usage, history)."""
+    """State of one answer across attempts: delivered text, position in the chain, usage."""
 
-    def __init__(self, plan: _Plan) -> None:
-        self.plan = plan
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.fleet = opts.fleet
         self.parts: list[str] = []
         self.chars = 0
         self.ledger: TokenLedger | None = None
         self.encoding = ""
         self.history: list[Attempt] = []
-        self.failures = [0] * len(plan.models)
-        self.model_index = 0
+        self.failures = [0] * len(opts.chain)
+        self.pos = 0
         self.resumes = 0
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.wasted = ""
         self.deduplicated = 0
         self.start = anyio.current_time()
-        self.t_end = self.start + plan.deadline
+        self.t_end = self.start + opts.deadline
+
+    @property
+    def index(self) -> int:
+        """The current route, as an index into ``fleet.routes``."""
+        return self.opts.chain[self.pos]
+
+    @property
+    def route(self) -> Route:
+        return self.fleet.routes[self.index]
 
     @property
     def model(self) -> str:
-        return self.plan.models[self.model_index]
+        return self.route.model
 
     @property
     def text(self) -> str:
@@ -325,6 +255,12 @@ class _Answer:
             self.ledger.add(self.text)
         return self.ledger.tokens
 
+    async def count(self, text: str) -> int:
+        if not text:
+            return 0
+        _, count = await _counter(self.model)
+        return count(text)
+
     def deliver(self, text: str) -> None:
         self.parts.append(text)
         self.chars += len(text)
@@ -338,6 +274,7 @@ class _Answer:
             self.output_tokens = (self.output_tokens or 0) + decoder.output_tokens
 
     def error(self, cls: type[StreamError], message: str, last: Failure | None) -> StreamError:
+        log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
         return cls(
             message,
             partial_text=self.text,
@@ -348,59 +285,72 @@ class _Answer:
         )
 
     def strategy(self) -> Strategy:
-        plan = self.plan
-        if (plan.base_url, self.model) in _prefill_refused:
+        route = self.route
+        assert route.base_url is not None
+        if (route.base_url, route.model) in _prefill_refused:
             return "instruct"
-        return choose(plan.provider, plan.base_url, plan.continuation)
+        return choose(route.provider, route.base_url, route.continuation)
 
     async def request(self) -> tuple[HttpRequest, Deduplicator | None, int | None]:
         """The next request, its de-duplicator, and the token budget left (None: no cap)."""
-        plan = self.plan
-        build, _ = _PROVIDERS[plan.provider]
-        budget = plan.max_tokens
-        if budget is None and plan.provider == "anthropic":
+        opts, route = self.opts, self.route
+        assert route.base_url is not None
+        build, _ = _PROVIDERS[route.provider]
+        budget = opts.max_tokens
+        if budget is None and route.provider == "anthropic":
             # The API requires max_tokens; the default bounds the whole answer, as it would
             # bound one uninterrupted stream.
             budget = _anthropic.DEFAULT_MAX_TOKENS
-        messages, extra, dedup = plan.messages, plan.extra_body, None
+        messages, extra, dedup = opts.messages, opts.extra_body, None
         if self.chars:
             if budget is not None:
                 budget -= await self.tokens()
             strategy = self.strategy()
             cont = build_continuation(
-                plan.messages, self.text, strategy=strategy, provider=plan.provider
+                opts.messages, self.text, strategy=strategy, provider=route.provider
             )
-            messages, extra = cont.messages, {**plan.extra_body, **cont.extra_body}
+            messages, extra = cont.messages, {**opts.extra_body, **cont.extra_body}
             dedup = Deduplicator(
                 self.text,
                 mode="instruct" if strategy == "instruct" else "prefill",
                 stripped=cont.stripped,
             )
         req = build(
-            base_url=plan.base_url,
-            api_key=plan.api_key,
-            model=self.model,
+            base_url=route.base_url,
+            api_key=route.api_key,
+            model=route.model,
             messages=messages,
             max_tokens=budget,
             extra_body=extra,
-            extra_headers=plan.headers,
+            extra_headers=opts.headers,
         )
         return req, dedup, budget
+
+    def next_available(self, now: float) -> tuple[int | None, float]:
+        """A chain position whose breaker lets a request through now (this one first), or the
+        earliest time one will."""
+        n = len(self.opts.chain)
+        for step in range(n):
+            pos = (self.pos + step) % n
+            i = self.opts.chain[pos]
+            before = self.fleet.states[i].breaker.state
+            allowed = self.fleet.try_acquire(i, now)
+            after = self.fleet.states[i].breaker.state
+            _log_breaker(self.fleet.routes[i], after if after != before else None)
+            if allowed:
+                return pos, now
+        return None, min(self.fleet.available_at(i, now) for i in self.opts.chain)
 
     async def done(self, finish_reason: str) -> DoneEvent:
         if self.resumes == 0 and self.output_tokens is not None and self.ledger is None:
             delivered = self.output_tokens  # the server's own count of this single attempt
         else:
             delivered = await self.tokens()
-        wasted = 0
-        if self.wasted:
-            _, count = await _counter(self.model)
-            wasted = count(self.wasted)
         usage = Usage(
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             delivered_tokens=delivered,
-            wasted_tokens=wasted,
+            wasted_tokens=await self.count(self.wasted),
             encoding=self.encoding or "reported",
         )
         elapsed = anyio.current_time() - self.start
@@ -446,187 +396,303 @@ async def _drain(chunks: AsyncIterator[bytes], seconds: float) -> None:
             pass
 
 
-async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[Event]:
-    ans = _Answer(plan)
+def _log_breaker(route: Route, state: str | None) -> None:
+    if state is not None:
+        log.info(f"streamres.breaker_{state}", model=route.key)
+
+
+async def _run(
+    opts: Options, client: httpx.AsyncClient | None, limits: Limits | None
+) -> AsyncIterator[Event]:
+    ans = _Answer(opts)
+    fleet = opts.fleet
     own_client = client is None
     now = anyio.current_time
     try:
         if client is None:
             client = httpx.AsyncClient(verify=await _shared_ssl_context(), timeout=None)
         attempt = 0
+        fail: Failure | None = None
         while True:
+            # -- where the next attempt goes: a model whose circuit lets it through -----------
+            pos, ready_at = ans.next_available(now())
+            if pos is None:
+                if ready_at >= ans.t_end:
+                    raise ans.error(
+                        DeadlineExceeded,
+                        "every model's circuit is open until after the deadline",
+                        fail,
+                    )
+                yield RetryEvent(
+                    message=f"All models are busy — trying again in {ready_at - now():.0f} s",
+                    attempt=attempt + 1,
+                    delay=ready_at - now(),
+                    reason="circuit_open",
+                    model=ans.model,
+                )
+                await anyio.sleep(ready_at - now())
+                continue
+            if pos != ans.pos:
+                old = ans.index
+                ans.pos = pos
+                fleet.fell_back(old, ans.index)
+                yield FallbackEvent(
+                    message=fallback_message(fleet.routes[old].model, ans.model),
+                    attempt=attempt + 1,
+                    from_model=fleet.routes[old].model,
+                    to_model=ans.model,
+                    reason="circuit_open",
+                    tokens_so_far=await ans.tokens() if ans.chars else 0,
+                )
             attempt += 1
-            req, dedup, budget = await ans.request()
-            if budget is not None and budget <= 0:
-                yield await ans.done("length")
-                return
-            model = ans.model
-            _, decoder_cls = _PROVIDERS[plan.provider]
-            decoder = decoder_cls()
-            sse = SSEDecoder()
-            started = now()
-            chars_before = ans.chars
-            fail: Failure | None = None
-            log.debug("streamres.attempt_started", model=model, attempt=attempt, url=req.url)
-            try:
-                request = client.build_request(
-                    "POST",
-                    req.url,
-                    headers=req.headers,
-                    json=req.body,
-                    timeout=httpx.Timeout(None, connect=min(plan.stall_timeout, 10.0)),
-                )
-            except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
-                raise ans.error(
-                    InvalidRequest, f"cannot build the request to {req.url}: {exc}", None
-                ) from exc
-            response: httpx.Response | None = None
-            body_iter: AsyncIterator[bytes] | None = None
-            try:
-                with anyio.move_on_after(min(ans.t_end, started + plan.stall_timeout) - now()):
-                    response = await client.send(request, stream=True)
-            except httpx.TransportError as exc:
-                fail = _transport_failure(exc)
-            except httpx.HTTPError as exc:
-                raise ans.error(InvalidRequest, f"cannot send the request: {exc}", None) from exc
-            if response is None and fail is None:
-                fail = (
-                    failure("stall", "no response headers before the deadline")
-                    if now() >= ans.t_end
-                    else failure("stall", f"no response within {plan.stall_timeout:g} s")
-                )
-            if response is not None:
-                try:
-                    if response.status_code >= 400:
-                        body = b""
-                        with anyio.move_on_after(min(ans.t_end - now(), plan.stall_timeout)):
-                            async for part in response.aiter_bytes():
-                                body += part
-                                if len(body) > _ERROR_BODY_LIMIT:
-                                    break
-                        fail = classify_response(
-                            response.status_code,
-                            response.headers,
-                            body.decode("utf-8", "replace"),
-                            now=time.time(),
+            index, route = ans.index, ans.route
+            # -- a shared cool-down (another stream got Retry-After) and the retry budget ----
+            wait = fleet.cooldown_left(index, now())
+            if wait > 0:
+                wait += opts.rng.random() * (0.1 + 0.1 * wait)
+            while True:
+                if attempt > 1:
+                    budget_wait = fleet.budget.wait(now())
+                    if budget_wait > 0:
+                        log.info("streamres.retry_budget_spent", model=route.key, wait=budget_wait)
+                        # Jitter, so the streams queued on the budget do not wake together.
+                        wait = max(wait, budget_wait * (1 + 0.2 * opts.rng.random()))
+                if wait > 0:
+                    if now() + wait >= ans.t_end:
+                        fleet.release(index)
+                        raise ans.error(
+                            DeadlineExceeded,
+                            f"{route.model} is cooling down or the retry budget is spent; "
+                            f"the next request would come after the deadline",
+                            fail,
                         )
-                    else:
-                        body_iter = response.aiter_bytes()
-                        chunks = body_iter.__aiter__()
-                        last_content = started
-                        while fail is None:
-                            limit = min(ans.t_end, last_content + plan.stall_timeout)
-                            release = dedup.release_at if dedup is not None else None
-                            if release is not None:
-                                limit = min(limit, release)
-                            chunk: bytes | None = None
-                            eof = False
-                            with anyio.move_on_after(limit - now()) as scope:
-                                try:
-                                    chunk = await chunks.__anext__()
-                                except StopAsyncIteration:
-                                    eof = True
-                            if scope.cancelled_caught:
-                                t = now()
-                                if t >= ans.t_end:
-                                    fail = failure("stall", "the deadline passed mid-stream")
+                    await anyio.sleep(wait)
+                    wait = 0.0
+                if attempt == 1:
+                    fleet.budget.deposit(now())
+                    break
+                if fleet.budget.withdraw(now()):
+                    break
+            # -- a slot under the route's and the account's concurrency limits --------------
+            if limits is not None and not await limits.acquire(route, ans.t_end - now()):
+                fleet.release(index)
+                raise ans.error(
+                    DeadlineExceeded,
+                    f"no free slot on {route.model} (max_in_flight) before the deadline",
+                    fail,
+                )
+            in_flight = False  # started on the fleet's books, outcome not yet recorded
+            try:
+                req, dedup, budget = await ans.request()
+                if budget is not None and budget <= 0:
+                    fleet.release(index)
+                    yield await ans.done("length")
+                    return
+                _, decoder_cls = _PROVIDERS[route.provider]
+                decoder = decoder_cls()
+                sse = SSEDecoder()
+                started = now()
+                first_content: float | None = None
+                chars_before = ans.chars
+                tokens_before = ans.ledger.tokens if ans.ledger is not None else 0
+                fail = None
+                fleet.started(index, resume=bool(ans.chars))
+                in_flight = True
+                log.debug(
+                    "streamres.attempt_started", model=route.key, attempt=attempt, url=req.url
+                )
+                try:
+                    request = client.build_request(
+                        "POST",
+                        req.url,
+                        headers=req.headers,
+                        json=req.body,
+                        timeout=httpx.Timeout(None, connect=min(opts.stall_timeout, 10.0)),
+                    )
+                except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
+                    raise ans.error(
+                        InvalidRequest, f"cannot build the request to {req.url}: {exc}", None
+                    ) from exc
+                response: httpx.Response | None = None
+                body_iter: AsyncIterator[bytes] | None = None
+                try:
+                    with anyio.move_on_after(min(ans.t_end, started + opts.stall_timeout) - now()):
+                        response = await client.send(request, stream=True)
+                except httpx.TransportError as exc:
+                    fail = _transport_failure(exc)
+                except httpx.HTTPError as exc:
+                    raise ans.error(
+                        InvalidRequest, f"cannot send the request: {exc}", None
+                    ) from exc
+                if response is None and fail is None:
+                    fail = (
+                        failure("stall", "no response headers before the deadline")
+                        if now() >= ans.t_end
+                        else failure("stall", f"no response within {opts.stall_timeout:g} s")
+                    )
+                if response is not None:
+                    try:
+                        if response.status_code >= 400:
+                            body = b""
+                            with anyio.move_on_after(min(ans.t_end - now(), opts.stall_timeout)):
+                                async for part in response.aiter_bytes():
+                                    body += part
+                                    if len(body) > _ERROR_BODY_LIMIT:
+                                        break
+                            fail = classify_response(
+                                response.status_code,
+                                response.headers,
+                                body.decode("utf-8", "replace"),
+                                now=time.time(),
+                            )
+                        else:
+                            body_iter = response.aiter_bytes()
+                            chunks = body_iter.__aiter__()
+                            last_content = started
+                            while fail is None:
+                                limit = min(ans.t_end, last_content + opts.stall_timeout)
+                                release = dedup.release_at if dedup is not None else None
+                                if release is not None:
+                                    limit = min(limit, release)
+                                chunk: bytes | None = None
+                                eof = False
+                                with anyio.move_on_after(limit - now()) as scope:
+                                    try:
+                                        chunk = await chunks.__anext__()
+                                    except StopAsyncIteration:
+                                        eof = True
+                                if scope.cancelled_caught:
+                                    t = now()
+                                    if t >= ans.t_end:
+                                        fail = failure("stall", "the deadline passed mid-stream")
+                                        break
+                                    if dedup is not None and release is not None and t >= release:
+                                        text = dedup.poll(now=t)
+                                        if text:
+                                            ans.deliver(text)
+                                            yield TextEvent(text)
+                                        continue
+                                    fail = failure(
+                                        "stall", f"no output for {opts.stall_timeout:g} s"
+                                    )
                                     break
-                                if dedup is not None and release is not None and t >= release:
-                                    text = dedup.poll(now=t)
+                                events = sse.close() if eof else sse.feed(chunk or b"")
+                                pieces: list[str] = []
+                                for name, data in events:
+                                    piece = decoder.feed(name, data)
+                                    if piece:
+                                        pieces.append(piece)
+                                    if decoder.error is not None or decoder.terminal:
+                                        break
+                                if pieces:
+                                    t = now()
+                                    last_content = t
+                                    if first_content is None:
+                                        first_content = t
+                                    text = pieces[0] if len(pieces) == 1 else "".join(pieces)
+                                    if dedup is not None and not dedup.resolved:
+                                        text = dedup.feed(text, now=t)
                                     if text:
                                         ans.deliver(text)
                                         yield TextEvent(text)
-                                    continue
-                                fail = failure("stall", f"no output for {plan.stall_timeout:g} s")
-                                break
-                            events = sse.close() if eof else sse.feed(chunk or b"")
-                            pieces: list[str] = []
-                            for name, data in events:
-                                piece = decoder.feed(name, data)
-                                if piece:
-                                    pieces.append(piece)
-                                if decoder.error is not None or decoder.terminal:
+                                if decoder.error is not None or decoder.terminal or eof:
+                                    fail = decoder.end_failure()
+                                    if not eof:
+                                        await _drain(chunks, min(ans.t_end - now(), 1.0))
                                     break
-                            if pieces:
-                                t = now()
-                                last_content = t
-                                text = pieces[0] if len(pieces) == 1 else "".join(pieces)
-                                if dedup is not None and not dedup.resolved:
-                                    text = dedup.feed(text, now=t)
-                                if text:
-                                    ans.deliver(text)
-                                    yield TextEvent(text)
-                            if decoder.error is not None or decoder.terminal or eof:
-                                fail = decoder.end_failure()
-                                if not eof:
-                                    await _drain(chunks, min(ans.t_end - now(), 1.0))
-                                break
-                except httpx.TransportError as exc:
-                    fail = _transport_failure(exc)
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        if body_iter is not None:
-                            await body_iter.aclose()  # type: ignore[attr-defined]
-                        await response.aclose()
-            ans.add_usage(decoder)
-            seconds = now() - started
-            if fail is None:
-                if dedup is not None and not dedup.resolved:
-                    text = dedup.finish(now=now())
-                    if text:
-                        ans.deliver(text)
-                        yield TextEvent(text)
+                    except httpx.TransportError as exc:
+                        fail = _transport_failure(exc)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            if body_iter is not None:
+                                await body_iter.aclose()  # type: ignore[attr-defined]
+                            await response.aclose()
+                ans.add_usage(decoder)
+                seconds = now() - started
+                ttft = first_content - started if first_content is not None else None
+                dropped = ""
                 if dedup is not None:
-                    ans.wasted += dedup.stats.dropped
+                    if fail is None and not dedup.resolved:
+                        text = dedup.finish(now=now())
+                        if text:
+                            ans.deliver(text)
+                            yield TextEvent(text)
+                    held = dedup.abandon() if not dedup.resolved else ""
+                    dropped = dedup.stats.dropped + held
+                    ans.wasted += dropped
                     ans.deduplicated += len(dedup.stats.dropped)
+                added = ans.chars - chars_before
+                if fail is None:
+                    _log_breaker(route, fleet.succeeded(index, now(), ttft=ttft, latency=seconds))
+                else:
+                    _log_breaker(
+                        route,
+                        fleet.failed(
+                            index, now(), fail.kind, ttft=ttft, retry_after=fail.retry_after
+                        ),
+                    )
+                    if fail.retry_after is not None:
+                        log.info(
+                            "streamres.cooldown_started",
+                            model=route.key,
+                            seconds=round(fail.retry_after, 3),
+                        )
+                in_flight = False
+                if attempt == 1 and fail is None and ans.output_tokens is not None:
+                    delivered = ans.output_tokens
+                else:
+                    delivered = (await ans.tokens() - tokens_before) if added else 0
+                fleet.tokens(index, delivered=delivered, wasted=await ans.count(dropped))
+            finally:
+                if limits is not None:
+                    limits.release(route)
+                if in_flight:  # cancelled, or an error raised mid-attempt
+                    fleet.abandoned(index)
+
+            if fail is None:
                 ans.history.append(
-                    Attempt(attempt, model, "ok", chars=ans.chars - chars_before, seconds=seconds)
+                    Attempt(attempt, route.model, "ok", chars=added, seconds=seconds)
                 )
-                ans.failures[ans.model_index] = 0
+                ans.failures[ans.pos] = 0
                 yield await ans.done(decoder.finish_reason or "stop")
                 return
 
             # -- the attempt failed: record it, then retry, resume, switch or give up --------
-            if dedup is not None:
-                ans.wasted += dedup.stats.dropped + (dedup.abandon() if not dedup.resolved else "")
-                ans.deduplicated += len(dedup.stats.dropped)
-            progressed = ans.chars > chars_before
             ans.history.append(
                 Attempt(
                     attempt,
-                    model,
+                    route.model,
                     fail.kind,
                     fail.message,
                     fail.status_code,
-                    chars=ans.chars - chars_before,
+                    chars=added,
                     seconds=seconds,
                 )
             )
             if fail.kind == "prefill_rejected":
-                _prefill_refused.add((plan.base_url, model))
-            idx = ans.model_index
-            ans.failures[idx] = 1 if progressed else ans.failures[idx] + 1
+                assert route.base_url is not None
+                _prefill_refused.add((route.base_url, route.model))
+            ans.failures[ans.pos] = 1 if added else ans.failures[ans.pos] + 1
             decision = decide(
                 fail,
                 attempt=attempt,
-                max_attempts=plan.max_attempts,
-                model_index=idx,
+                max_attempts=opts.max_attempts,
+                model_index=ans.pos,
                 failures=ans.failures,
                 time_left=ans.t_end - now(),
-                backoff=plan.backoff,
-                rand=plan.rng.random(),
-                fallback_after=plan.fallback_after,
+                backoff=opts.backoff,
+                rand=opts.rng.random(),
+                fallback_after=opts.fallback_after,
             )
             tokens = await ans.tokens() if ans.chars else 0
             log.info(
                 _LOG_EVENT[decision.action, bool(ans.chars)],
-                model=model,
+                model=route.key,
                 attempt=attempt,
                 reason=fail.kind,
                 status_code=fail.status_code,
                 error=fail.message,
                 chars=ans.chars,
-                action=decision.action,
                 delay=round(decision.delay, 3),
             )
             if decision.action == "give_up":
@@ -635,19 +701,19 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
                     "attempts": AttemptsExhausted,
                 }.get(decision.error, DeadlineExceeded)
                 if cls is RequestRejected:
-                    message = f"{model} refused the request ({fail.message}); not retried"
+                    message = f"{route.model} refused the request ({fail.message}); not retried"
                 else:
                     message = f"gave up after {attempt} attempts: {decision.why}"
-                log.warning("streamres.failed", model=model, reason=fail.kind, attempts=attempt)
                 raise ans.error(cls, message, fail)
             if ans.chars:
                 ans.resumes += 1
             if decision.action == "switch":
-                ans.model_index = decision.model_index
+                ans.pos = decision.model_index
+                fleet.fell_back(index, ans.index)
                 yield FallbackEvent(
-                    message=fallback_message(model, ans.model),
+                    message=fallback_message(route.model, ans.model),
                     attempt=attempt + 1,
-                    from_model=model,
+                    from_model=route.model,
                     to_model=ans.model,
                     reason=fail.kind,
                     tokens_so_far=tokens,
@@ -658,7 +724,7 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
                     attempt=attempt + 1,
                     delay=decision.delay,
                     reason=fail.kind,
-                    model=model,
+                    model=route.model,
                     strategy=ans.strategy(),
                     tokens_so_far=tokens,
                     chars_so_far=ans.chars,
@@ -666,12 +732,12 @@ async def _run(plan: _Plan, client: httpx.AsyncClient | None) -> AsyncIterator[E
             else:
                 yield RetryEvent(
                     message=retry_message(
-                        fail, delay=decision.delay, attempt=attempt + 1, cap=plan.max_attempts
+                        fail, delay=decision.delay, attempt=attempt + 1, cap=opts.max_attempts
                     ),
                     attempt=attempt + 1,
                     delay=decision.delay,
                     reason=fail.kind,
-                    model=model,
+                    model=route.model,
                     status_code=fail.status_code,
                 )
             if decision.delay > 0:

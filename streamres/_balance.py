@@ -1,0 +1,77 @@
+"""Load balancing state: gradual weights and the retry budget. Pure, time passed in.
+
+Weights (seed 5.4): zeroing a model after one failure sent all traffic to the other and took
+that one down too. So each failure multiplies a model's weight by ``penalty`` (0.7), each
+success moves it a quarter of the way back to its base, and it never drops below ``floor``
+times its base: a jammed model keeps a trickle of traffic and can prove it recovered.
+
+Retry budget (no retry storms): a token bucket. Every first attempt deposits ``ratio`` tokens
+(0.2: retries may add at most 20 % to the first attempts), a ``floor`` rate (1 token/s) keeps a
+quiet client able to retry at all, and the balance is capped at ``cap`` so a long calm period
+cannot bank a storm. A retry spends one token; with none left, it waits for the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RetryBudget", "Weight"]
+
+
+@dataclass
+class Weight:
+    base: float = 1.0
+    penalty: float = 0.7
+    restore: float = 0.25
+    floor: float = 0.05
+    current: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.base <= 0:
+            raise ValueError(f"a route's weight must be positive, not {self.base}")
+        if self.current < 0:
+            self.current = self.base
+
+    def failure(self) -> float:
+        self.current = max(self.base * self.floor, self.current * self.penalty)
+        return self.current
+
+    def success(self) -> float:
+        self.current = min(self.base, self.current + (self.base - self.current) * self.restore)
+        return self.current
+
+
+@dataclass
+class RetryBudget:
+    ratio: float = 0.2
+    floor: float = 1.0
+    cap: float = 10.0
+    balance: float = 10.0
+    updated: float | None = None
+
+    def _refill(self, now: float) -> None:
+        if self.updated is not None and now > self.updated:
+            self.balance = min(self.cap, self.balance + (now - self.updated) * self.floor)
+        self.updated = now if self.updated is None else max(self.updated, now)
+
+    def deposit(self, now: float) -> None:
+        """A first attempt was made."""
+        self._refill(now)
+        self.balance = min(self.cap, self.balance + self.ratio)
+
+    def wait(self, now: float) -> float:
+        """Seconds until a retry may go (0 when a token is there)."""
+        self._refill(now)
+        if self.balance >= 1.0:
+            return 0.0
+        if self.floor <= 0:
+            return float("inf")
+        return (1.0 - self.balance) / self.floor
+
+    def withdraw(self, now: float) -> bool:
+        """Spend a token for a retry; False when there is none."""
+        self._refill(now)
+        if self.balance < 1.0:
+            return False
+        self.balance -= 1.0
+        return True

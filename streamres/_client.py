@@ -1,0 +1,162 @@
+"""``streamres.Client``: the shared state of many streams over many models.
+
+A long-lived async context manager (like ``httpx.AsyncClient``) holding connections, the
+models (routes) and their health — breakers, weights, cool-downs — the concurrency limits, one
+retry budget, and per-model metrics. ``client.stream(...)`` yields the same events as
+``stream_resilient()``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from ._backoff import Backoff
+from ._balance import RetryBudget
+from ._errors import InvalidRequest
+from ._fleet import Fleet
+from ._limits import Limits
+from ._metrics import Health, ModelMetrics
+from ._options import check_options, resolve_route
+from ._routes import Route
+from ._stream import ResilientStream, _run, _shared_ssl_context
+
+__all__ = ["Client"]
+
+
+class Client:
+    """Streams over a set of routes, sharing their health, limits and metrics.
+
+    >>> routes = [
+    ...     Route("gpt-4o", family="gpt-4o", size=2, max_in_flight=5),
+    ...     Route("gpt-4o-mini", family="gpt-4o", size=1),
+    ...     Route("claude-sonnet-4-5", provider="anthropic", weight=0.5),
+    ... ]
+    >>> async with Client(routes) as client:
+    ...     async for ev in client.stream(messages, model="gpt-4o"):
+    ...         ...
+
+    Defaults: breaker threshold 3 consecutive failures and 60 s recovery; weights x0.7 per
+    failure, a quarter of the way back per success, never below 5 % of base; retry budget
+    20 % of first attempts plus 1 retry/s, banked up to 10.
+    """
+
+    def __init__(
+        self,
+        routes: Sequence[Route],
+        *,
+        account_limits: Mapping[str, int] | None = None,
+        breaker_threshold: int = 3,
+        breaker_recovery: float = 60.0,
+        retry_budget: RetryBudget | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        deadline: float = 120.0,
+        stall_timeout: float = 30.0,
+        backoff: Backoff | None = None,
+        fallback_after: int = 2,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not routes:
+            raise InvalidRequest("a Client needs at least one Route", reason="invalid")
+        resolved = [resolve_route(r) for r in routes]
+        keys = [r.key for r in resolved]
+        if len(set(keys)) != len(keys):
+            raise InvalidRequest(
+                f"route names must be unique ({keys}); give duplicates a name=", reason="invalid"
+            )
+        if breaker_threshold < 1 or breaker_recovery < 0:
+            raise InvalidRequest(
+                "breaker_threshold must be >= 1 and breaker_recovery >= 0", reason="invalid"
+            )
+        self.routes = tuple(resolved)
+        self.fleet = Fleet(
+            resolved,
+            breaker_threshold=breaker_threshold,
+            breaker_recovery=breaker_recovery,
+            budget=retry_budget,
+        )
+        self._account_limits = dict(account_limits or {})
+        self._limits: Limits | None = None
+        self._http = http_client
+        self._own_http = http_client is None
+        self._defaults = {
+            "deadline": deadline,
+            "stall_timeout": stall_timeout,
+            "backoff": backoff,
+            "fallback_after": fallback_after,
+        }
+        self._rng = rng or random.Random()
+
+    async def __aenter__(self) -> Client:
+        if self._http is None:
+            self._http = httpx.AsyncClient(verify=await _shared_ssl_context(), timeout=None)
+        self._limits = Limits(self.routes, self._account_limits)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._own_http and self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    def stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | Sequence[str] | None = None,
+        fallback: bool = True,
+        deadline: float | None = None,
+        stall_timeout: float | None = None,
+        max_tokens: int | None = None,
+        max_attempts: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        **more: Any,
+    ) -> ResilientStream:
+        """Stream one answer. ``model``: a route name (then its fallbacks, unless
+        ``fallback=False``), an explicit sequence of route names, or ``None`` to pick by
+        weight. Other arguments as for :func:`stream_resilient`."""
+        if self._http is None or self._limits is None:
+            raise InvalidRequest(
+                "use the client inside `async with Client(...) as client:`", reason="invalid"
+            )
+        names = [model] if isinstance(model, str) else list(model or [])
+        unknown = [m for m in names if m not in self.fleet.by_key]
+        if unknown:
+            raise InvalidRequest(
+                f"unknown model {unknown[0]!r}; routes are {sorted(self.fleet.by_key)}",
+                reason="invalid",
+            )
+        chain = self.fleet.chain(model, fallback=fallback, rand=self._rng.random())
+        opts = check_options(
+            messages,
+            fleet=self.fleet,
+            chain=chain,
+            deadline=self._defaults["deadline"] if deadline is None else deadline,
+            stall_timeout=self._defaults["stall_timeout"]
+            if stall_timeout is None
+            else stall_timeout,
+            max_tokens=max_tokens,
+            max_attempts=max_attempts,
+            backoff=self._defaults["backoff"],  # type: ignore[arg-type]
+            fallback_after=self._defaults["fallback_after"],
+            headers=headers,
+            more=more,
+            rng=self._rng,
+        )
+        return ResilientStream(_run(opts, self._http, self._limits))
+
+    def metrics(self) -> dict[str, ModelMetrics]:
+        """A snapshot of every model's metrics, by route name."""
+        return self.fleet.metrics()
+
+    def health(self) -> dict[str, Health]:
+        """Which models are healthy, degraded or jammed, and why."""
+        return {name: m.health for name, m in self.metrics().items()}

@@ -1,0 +1,143 @@
+"""The shared state of every stream of a client: per route a breaker, a weight, a cool-down and
+metrics, plus one retry budget. Pure: every method takes ``now``; the shell does the waiting.
+
+``record_*`` methods return the breaker transition (or ``None``) so the shell can log state
+changes; nothing here logs or sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ._balance import RetryBudget, Weight
+from ._breaker import BreakerState, CircuitBreaker
+from ._metrics import ModelMetrics, RouteStats, snapshot
+from ._routes import Route, fallback_order, pick_weighted
+
+__all__ = ["HEALTH_KINDS", "Fleet"]
+
+#: Failure kinds that count against a model's health (breaker, weight).
+HEALTH_KINDS = frozenset(
+    {"capacity", "rate_limit", "transient", "connection", "stall", "truncated", "malformed"}
+)
+
+
+@dataclass
+class _RouteState:
+    route: Route
+    breaker: CircuitBreaker
+    weight: Weight
+    stats: RouteStats = field(default_factory=RouteStats)
+    cooldown_until: float = 0.0
+
+
+class Fleet:
+    def __init__(
+        self,
+        routes: Sequence[Route],
+        *,
+        breaker_threshold: int = 3,
+        breaker_recovery: float = 60.0,
+        budget: RetryBudget | None = None,
+    ) -> None:
+        self.routes = tuple(routes)
+        self.states = [
+            _RouteState(
+                r,
+                CircuitBreaker(threshold=breaker_threshold, recovery=breaker_recovery),
+                Weight(base=r.weight),
+            )
+            for r in self.routes
+        ]
+        self.by_key = {r.key: i for i, r in enumerate(self.routes)}
+        self.budget = budget or RetryBudget()
+
+    # -- choosing -------------------------------------------------------------------------
+
+    def chain(self, model: str | Sequence[str] | None, *, fallback: bool, rand: float) -> list[int]:
+        """Route indices to try, in order, for a ``model=`` argument."""
+        weights = [s.weight.current for s in self.states]
+        if model is None:
+            primary = pick_weighted(range(len(self.routes)), weights, rand)
+        elif isinstance(model, str):
+            primary = self.by_key[model]
+        else:
+            return [self.by_key[m] for m in model]
+        return fallback_order(self.routes, primary, weights) if fallback else [primary]
+
+    def try_acquire(self, i: int, now: float) -> bool:
+        """May an attempt go to route ``i`` now (breaker closed, or this is the probe)?"""
+        return self.states[i].breaker.try_acquire(now)
+
+    def available_at(self, i: int, now: float) -> float:
+        s = self.states[i]
+        return max(s.breaker.available_at(now), s.cooldown_until)
+
+    def cooldown_left(self, i: int, now: float) -> float:
+        return max(0.0, self.states[i].cooldown_until - now)
+
+    # -- recording ------------------------------------------------------------------------
+
+    def started(self, i: int, *, resume: bool) -> None:
+        stats = self.states[i].stats
+        stats.started()
+        stats.resumes += resume
+
+    def succeeded(
+        self, i: int, now: float, *, ttft: float | None, latency: float
+    ) -> BreakerState | None:
+        s = self.states[i]
+        before = s.breaker.state
+        s.stats.succeeded(ttft=ttft, latency=latency)
+        s.weight.success()
+        after = s.breaker.record_success(now)
+        return after if after != before else None
+
+    def failed(
+        self, i: int, now: float, kind: str, *, ttft: float | None, retry_after: float | None
+    ) -> BreakerState | None:
+        s = self.states[i]
+        s.stats.failed(kind, ttft=ttft)
+        if retry_after is not None:
+            s.cooldown_until = max(s.cooldown_until, now + retry_after)
+        if kind not in HEALTH_KINDS:
+            s.breaker.record_neutral()
+            return None
+        before = s.breaker.state
+        s.weight.failure()
+        after = s.breaker.record_failure(now)
+        return after if after != before else None
+
+    def release(self, i: int) -> None:
+        """An attempt was let through but never started: free its breaker probe."""
+        self.states[i].breaker.record_neutral()
+
+    def abandoned(self, i: int) -> None:
+        """A started attempt ended without an outcome (the caller cancelled): neutral."""
+        s = self.states[i]
+        s.stats.in_flight -= 1
+        s.breaker.record_neutral()
+
+    def fell_back(self, from_i: int, to_i: int) -> None:
+        self.states[from_i].stats.fallbacks_from += 1
+        self.states[to_i].stats.fallbacks_to += 1
+
+    def tokens(self, i: int, *, delivered: int, wasted: int) -> None:
+        stats = self.states[i].stats
+        stats.tokens_delivered += delivered
+        stats.tokens_wasted += wasted
+
+    # -- reading --------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, ModelMetrics]:
+        return {
+            s.route.key: snapshot(
+                s.route.key,
+                s.route.model,
+                s.stats,
+                weight=s.weight.current,
+                breaker=s.breaker.state,
+            )
+            for s in self.states
+        }

@@ -1,0 +1,177 @@
+"""Per-model metrics and health (seed 4.3: per model, never only in total). Pure.
+
+Counters are cumulative; time to first token and latency keep the last 512 samples (p50/p95);
+health compares the last 20 requests with the model's whole history. Success falling, latency
+rising and capacity errors rising *together* means the pool is about to give out (seed 4.3):
+that, an open circuit, or fewer than half of the recent requests succeeding, is **jammed**;
+any one of the signals alone is **degraded**.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["Health", "ModelMetrics", "RouteStats", "assess"]
+
+_RECENT = 20
+_SAMPLES = 512
+_CAPACITY_KINDS = frozenset({"capacity", "rate_limit"})
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    status: Literal["healthy", "degraded", "jammed"]
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetrics:
+    """A snapshot of one model's metrics (``Client.metrics()``)."""
+
+    name: str
+    model: str
+    requests: int
+    successes: int
+    failures: int
+    success_rate: float | None
+    capacity_errors: int
+    capacity_error_rate: float | None
+    stalls: int
+    truncations: int
+    resumes: int
+    fallbacks_from: int
+    fallbacks_to: int
+    ttft_p50: float | None
+    ttft_p95: float | None
+    latency_p50: float | None
+    latency_p95: float | None
+    tokens_delivered: int
+    tokens_wasted: int
+    in_flight: int
+    weight: float
+    breaker: str
+    health: Health
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class RouteStats:
+    """Mutable counters of one route."""
+
+    requests: int = 0
+    successes: int = 0
+    failures: int = 0
+    capacity_errors: int = 0
+    stalls: int = 0
+    truncations: int = 0
+    resumes: int = 0
+    fallbacks_from: int = 0
+    fallbacks_to: int = 0
+    tokens_delivered: int = 0
+    tokens_wasted: int = 0
+    in_flight: int = 0
+    ttft: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    latency: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    #: (succeeded, capacity error, latency or None) of the last requests.
+    recent: deque[tuple[bool, bool, float | None]] = field(
+        default_factory=lambda: deque(maxlen=_RECENT)
+    )
+
+    def started(self) -> None:
+        self.requests += 1
+        self.in_flight += 1
+
+    def succeeded(self, *, ttft: float | None, latency: float) -> None:
+        self.in_flight -= 1
+        self.successes += 1
+        if ttft is not None:
+            self.ttft.append(ttft)
+        self.latency.append(latency)
+        self.recent.append((True, False, latency))
+
+    def failed(self, kind: str, *, ttft: float | None) -> None:
+        self.in_flight -= 1
+        self.failures += 1
+        capacity = kind in _CAPACITY_KINDS
+        self.capacity_errors += capacity
+        self.stalls += kind == "stall"
+        self.truncations += kind == "truncated"
+        if ttft is not None:
+            self.ttft.append(ttft)
+        self.recent.append((False, capacity, None))
+
+
+def assess(stats: RouteStats, breaker: str) -> Health:
+    """Healthy, degraded or jammed, and why."""
+    reasons: list[str] = []
+    if breaker == "open":
+        return Health("jammed", ("circuit open after consecutive failures",))
+    recent = list(stats.recent)
+    if len(recent) < 5:
+        return Health("healthy", ("too few requests to judge",) if not recent else ())
+    ok_recent = sum(r[0] for r in recent) / len(recent)
+    cap_recent = sum(r[1] for r in recent) / len(recent)
+    done = stats.successes + stats.failures
+    ok_all = stats.successes / done if done else 1.0
+    cap_all = stats.capacity_errors / done if done else 0.0
+    lat_recent = _quantile([r[2] for r in recent if r[2] is not None], 0.5)
+    lat_all = _quantile(list(stats.latency), 0.5)
+    success_down = ok_recent < 0.9 and ok_recent <= ok_all
+    capacity_up = cap_recent > 0.1 and cap_recent >= cap_all
+    latency_up = (
+        lat_recent is not None
+        and lat_all is not None
+        and lat_all > 0
+        and lat_recent > 1.5 * lat_all
+    )
+    if success_down:
+        reasons.append(f"success {ok_recent:.0%} over the last {len(recent)} requests")
+    if capacity_up:
+        reasons.append(f"capacity errors {cap_recent:.0%} of recent requests")
+    if latency_up:
+        reasons.append("latency rising")
+    if ok_recent < 0.5 or (success_down and capacity_up and latency_up):
+        return Health("jammed", tuple(reasons))
+    if reasons:
+        return Health("degraded", tuple(reasons))
+    return Health("healthy")
+
+
+def snapshot(
+    name: str, model: str, stats: RouteStats, *, weight: float, breaker: str
+) -> ModelMetrics:
+    done = stats.successes + stats.failures
+    ttft, latency = list(stats.ttft), list(stats.latency)
+    return ModelMetrics(
+        name=name,
+        model=model,
+        requests=stats.requests,
+        successes=stats.successes,
+        failures=stats.failures,
+        success_rate=stats.successes / done if done else None,
+        capacity_errors=stats.capacity_errors,
+        capacity_error_rate=stats.capacity_errors / done if done else None,
+        stalls=stats.stalls,
+        truncations=stats.truncations,
+        resumes=stats.resumes,
+        fallbacks_from=stats.fallbacks_from,
+        fallbacks_to=stats.fallbacks_to,
+        ttft_p50=_quantile(ttft, 0.5),
+        ttft_p95=_quantile(ttft, 0.95),
+        latency_p50=_quantile(latency, 0.5),
+        latency_p95=_quantile(latency, 0.95),
+        tokens_delivered=stats.tokens_delivered,
+        tokens_wasted=stats.tokens_wasted,
+        in_flight=stats.in_flight,
+        weight=weight,
+        breaker=breaker,
+        health=assess(stats, breaker),
+    )

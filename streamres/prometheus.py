@@ -1,0 +1,94 @@
+"""Optional Prometheus exposition of a client's per-model metrics.
+
+Needs the ``prometheus`` extra (``pip install 'streamres[prometheus]'``)::
+
+    from prometheus_client import REGISTRY
+    from streamres.prometheus import register
+
+    register(client)            # or register(client, registry=my_registry)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ._client import Client
+
+__all__ = ["StreamresCollector", "register"]
+
+try:
+    from prometheus_client.core import (
+        REGISTRY,
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        Metric,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "streamres.prometheus needs prometheus-client: pip install 'streamres[prometheus]'"
+    ) from exc
+
+_COUNTERS = {
+    "requests": "Requests sent to the model",
+    "successes": "Requests that completed their answer",
+    "failures": "Requests that failed (any kind)",
+    "capacity_errors": "Capacity and rate-limit refusals",
+    "stalls": "Streams abandoned for silence",
+    "truncations": "Streams that ended without their terminal event",
+    "resumes": "Requests that continued a partial answer",
+    "fallbacks_from": "Times an answer moved away from this model",
+    "fallbacks_to": "Times an answer moved to this model",
+    "tokens_delivered": "Tokens delivered to callers",
+    "tokens_wasted": "Tokens generated again after a resume and removed",
+}
+_GAUGES = {
+    "in_flight": "Streams in flight",
+    "weight": "Current load-balancing weight",
+    "ttft_p50": "Median time to first token (s)",
+    "ttft_p95": "95th percentile time to first token (s)",
+    "latency_p50": "Median latency of successful requests (s)",
+    "latency_p95": "95th percentile latency of successful requests (s)",
+}
+_BREAKER = {"closed": 0, "half_open": 1, "open": 2}
+_HEALTH = {"healthy": 0, "degraded": 1, "jammed": 2}
+
+
+class StreamresCollector:
+    """A custom collector: reads ``client.metrics()`` at each scrape."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._client.metrics()
+        for name, doc in _COUNTERS.items():
+            family = CounterMetricFamily(f"streamres_{name}", doc, labels=["model"])
+            for key, m in snapshot.items():
+                family.add_metric([key], float(getattr(m, name)))
+            yield family
+        for name, doc in _GAUGES.items():
+            gauge = GaugeMetricFamily(f"streamres_{name}", doc, labels=["model"])
+            for key, m in snapshot.items():
+                value = getattr(m, name)
+                if value is not None:
+                    gauge.add_metric([key], float(value))
+            yield gauge
+        breaker = GaugeMetricFamily(
+            "streamres_breaker_state", "0 closed, 1 half-open, 2 open", labels=["model"]
+        )
+        health = GaugeMetricFamily(
+            "streamres_health", "0 healthy, 1 degraded, 2 jammed", labels=["model"]
+        )
+        for key, m in snapshot.items():
+            breaker.add_metric([key], _BREAKER[m.breaker])
+            health.add_metric([key], _HEALTH[m.health.status])
+        yield breaker
+        yield health
+
+
+def register(client: Client, registry: Any = None) -> StreamresCollector:
+    """Expose ``client``'s metrics on ``registry`` (the default registry if None)."""
+    collector = StreamresCollector(client)
+    (registry if registry is not None else REGISTRY).register(collector)
+    return collector

@@ -1,0 +1,164 @@
+"""Breakers, weights, retry budget, model order and health: pure, with an injected clock."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamres import Route
+from streamres._balance import RetryBudget, Weight
+from streamres._breaker import CircuitBreaker
+from streamres._metrics import RouteStats, assess
+from streamres._routes import fallback_order, pick_weighted
+
+
+def test_breaker_opens_after_threshold() -> None:
+    """Three consecutive failures open the circuit; fewer do not."""
+    b = CircuitBreaker(threshold=3, recovery=60)
+    assert b.record_failure(0) == "closed"
+    assert b.record_failure(1) == "closed"
+    assert b.record_failure(2) == "open"
+    assert not b.try_acquire(30)
+    assert b.available_at(30) == 62
+
+
+def test_success_resets_the_count() -> None:
+    """A success in between starts the count again."""
+    b = CircuitBreaker(threshold=3)
+    b.record_failure(0)
+    b.record_failure(0)
+    b.record_success(0)
+    b.record_failure(0)
+    assert b.state == "closed"
+
+
+def test_half_open_lets_one_probe_through() -> None:
+    """After the recovery time exactly one request goes; its outcome decides."""
+    b = CircuitBreaker(threshold=1, recovery=10)
+    b.record_failure(0)
+    assert b.try_acquire(10)
+    assert b.state == "half_open"
+    assert not b.try_acquire(10.5)
+    assert b.record_success(11) == "closed"
+    assert b.try_acquire(11) and b.try_acquire(11)
+
+
+def test_failed_probe_reopens() -> None:
+    """A failed probe opens the circuit again for a full recovery period."""
+    b = CircuitBreaker(threshold=1, recovery=10)
+    b.record_failure(0)
+    assert b.try_acquire(10)
+    assert b.record_failure(12) == "open"
+    assert not b.try_acquire(21)
+    assert b.try_acquire(22)
+
+
+def test_neutral_outcome_frees_the_probe() -> None:
+    """A permanent error on the probe says nothing about health: another probe may go."""
+    b = CircuitBreaker(threshold=1, recovery=10)
+    b.record_failure(0)
+    assert b.try_acquire(10)
+    b.record_neutral()
+    assert b.state == "half_open"
+    assert b.try_acquire(10)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["acquire", "ok", "fail", "neutral"]), st.floats(0, 5))))
+def test_never_more_than_one_probe(ops: list[tuple[str, float]]) -> None:
+    """Whatever happens, half-open never lets a second request out before an outcome."""
+    b = CircuitBreaker(threshold=2, recovery=3)
+    now, probes = 0.0, 0
+    for op, dt in ops:
+        now += dt
+        if op == "acquire":
+            if b.try_acquire(now) and b.state == "half_open":
+                probes += 1
+        else:
+            if op == "ok":
+                b.record_success(now)
+            elif op == "fail":
+                b.record_failure(now)
+            else:
+                b.record_neutral()
+            probes = 0
+        assert probes <= 1
+
+
+@given(st.lists(st.booleans()), st.floats(min_value=0.01, max_value=100))
+def test_weights_stay_in_bounds(outcomes: list[bool], base: float) -> None:
+    """Weights never reach zero and never exceed their base."""
+    w = Weight(base=base)
+    for ok in outcomes:
+        value = w.success() if ok else w.failure()
+        assert base * w.floor <= value <= base
+
+
+def test_weight_penalty_and_slow_restore() -> None:
+    """x0.7 per failure; a success restores a quarter of the gap."""
+    w = Weight(base=1.0)
+    assert w.failure() == 0.7
+    assert abs(w.failure() - 0.49) < 1e-9
+    assert abs(w.success() - (0.49 + 0.51 * 0.25)) < 1e-9
+
+
+def test_retry_budget() -> None:
+    """Retries are bounded by a fraction of first attempts plus a floor rate."""
+    b = RetryBudget(ratio=0.2, floor=1.0, cap=2.0, balance=2.0)
+    assert b.withdraw(0) and b.withdraw(0)
+    assert not b.withdraw(0)
+    assert b.wait(0) == 1.0
+    b.deposit(0.5)  # +0.5 refill +0.2 deposit
+    assert abs(b.wait(0.5) - 0.3) < 1e-9
+    assert b.withdraw(0.8)
+
+
+def test_fallback_order_prefers_the_smaller_sibling() -> None:
+    """Same family smaller (closest first), then other families by weight, then the pool."""
+    routes = [
+        Route("big", family="f", size=3),
+        Route("mid", family="f", size=2),
+        Route("small", family="f", size=1),
+        Route("other-a", family="g"),
+        Route("other-b"),
+        Route("huge", family="f", size=9),
+    ]
+    weights = [1.0, 1.0, 1.0, 0.3, 0.9, 1.0]
+    assert fallback_order(routes, 0, weights) == [0, 1, 2, 4, 3, 5]
+    assert fallback_order(routes, 2, weights) == [2, 4, 3, 0, 1, 5]
+
+
+def test_weighted_pick() -> None:
+    """A weighted pick lands in proportion to weight."""
+    assert pick_weighted([0, 1], [1.0, 3.0], 0.2) == 0
+    assert pick_weighted([0, 1], [1.0, 3.0], 0.3) == 1
+
+
+def _stats(outcomes: str, latency: float = 1.0) -> RouteStats:
+    s = RouteStats()
+    for o in outcomes:
+        s.started()
+        if o == "o":
+            s.succeeded(ttft=0.1, latency=latency)
+        else:
+            s.failed("capacity" if o == "c" else "connection", ttft=None)
+    return s
+
+
+def test_health_views() -> None:
+    """Healthy, degraded, jammed — with the reasons."""
+    assert assess(_stats("o" * 20), "closed").status == "healthy"
+    degraded = assess(_stats("o" * 37 + "ccc"), "closed")
+    assert degraded.status == "degraded"
+    assert any("capacity" in r for r in degraded.reasons)
+    assert assess(_stats("o" * 10 + "c" * 11), "closed").status == "jammed"
+    assert assess(_stats("o" * 5), "open").status == "jammed"
+    s = _stats("o" * 40, latency=1.0)
+    for _ in range(12):
+        s.started()
+        s.succeeded(ttft=0.1, latency=5.0)
+    for _ in range(3):
+        s.started()
+        s.failed("capacity", ttft=None)
+    trend = assess(s, "closed")
+    assert trend.status == "jammed"
+    assert "latency rising" in trend.reasons
