@@ -24,8 +24,10 @@ __all__ = ["main"]
 _DEMO_MODEL = "demo-large"
 
 
-def _configure_logs(verbose: bool) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING
+def _configure_logs(verbose: bool, *, quiet: bool = False) -> None:
+    """Where the library's structlog events go in this app: stderr, warnings and worse
+    (errors only for the chat, which shows failures itself), everything with --verbose."""
+    level = logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
@@ -158,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logs on stderr")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("chat", help="terminal chat (see `streamres chat --help`)", add_help=False)
 
     ask = sub.add_parser(
         "ask", help="stream one answer (offline against the embedded upstream by default)"
@@ -195,6 +198,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["chat"]:
+        from streamres import chat
+
+        return chat.main(argv[1:], configure=lambda: _configure_logs(False, quiet=True))
     args = _parser().parse_args(argv)
     _configure_logs(args.verbose)
     try:

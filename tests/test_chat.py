@@ -1,0 +1,178 @@
+"""The terminal chat, end to end in a pseudo-terminal, against the embedded upstream."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pexpect
+import pyte
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamres.chat import MarkdownStyler
+from streamres.upstream import answer_for
+
+ENV = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_BASE_URL"))}
+ENV["TERM"] = "xterm-256color"
+COLS, ROWS = 1000, 80
+Q = "Explain TCP slow start."
+
+
+def answer(q: str = Q) -> str:
+    return answer_for([{"role": "user", "content": q}], words=120)
+
+
+class Chat:
+    def __init__(self, *args: str) -> None:
+        self.raw = io.StringIO()
+        self.child = pexpect.spawn(
+            sys.executable,
+            ["-m", "streamres", "chat", "--stall-timeout", "0.5", *args],
+            env=ENV,
+            encoding="utf-8",
+            dimensions=(ROWS, COLS),
+            timeout=30,
+        )
+        self.child.logfile_read = self.raw
+        self.child.expect_exact("you> ")
+
+    def screen(self) -> list[str]:
+        screen = pyte.Screen(COLS, ROWS)
+        pyte.Stream(screen).feed(self.raw.getvalue().replace("\n", "\r\n"))
+        return [line.rstrip() for line in screen.display]
+
+    def close(self) -> None:
+        self.child.sendline("/quit")
+        self.child.expect(pexpect.EOF)
+
+
+def shown(lines: list[str], text: str) -> bool:
+    """Is ``text`` on screen, paragraph by paragraph (one line each on a wide terminal)?"""
+    paragraphs = [p for p in text.split("\n") if p]
+    joined = "\n".join(line for line in lines if line)
+    return all(p in joined.split("\n") for p in paragraphs)
+
+
+def test_mid_stream_fault_gives_the_exact_answer_and_a_passing_status_line() -> None:
+    """The answer on screen is exact; the status line appeared, then went away."""
+    chat = Chat("--faults", "error@20", "--token-delay", "0.002")
+    chat.child.sendline(Q)
+    chat.child.expect_exact("recovered")
+    chat.child.expect_exact("you> ")
+    assert "resuming" in chat.raw.getvalue()
+    lines = chat.screen()
+    assert shown(lines, answer())
+    assert not any("resuming" in line for line in lines)
+    chat.close()
+
+
+def test_ctrl_c_keeps_the_partial_and_returns_to_the_prompt() -> None:
+    """Ctrl-C mid-answer stops it, keeps what arrived, and the chat goes on."""
+    chat = Chat("--faults", "none", "--token-delay", "0.05")
+    chat.child.sendline(Q)
+    first_words = answer().split(" ")[:3]
+    chat.child.expect_exact(" ".join(first_words))
+    chat.child.sendintr()
+    chat.child.expect_exact("[interrupted")
+    chat.child.expect_exact("you> ")
+    screen = "\n".join(chat.screen())
+    partial = screen.split(Q, 1)[1].split("[interrupted", 1)[0].replace("^C", "").strip()
+    assert partial and answer().startswith(partial)
+    assert len(partial) < len(answer())
+    chat.child.sendline("/help")
+    chat.child.expect_exact("/retry")
+    chat.close()
+
+
+def test_health_shows_what_happened() -> None:
+    """/health lists the failures the answer went through, per model."""
+    chat = Chat("--faults", "503,reset@20", "--token-delay", "0")
+    chat.child.sendline(Q)
+    chat.child.expect_exact("recovered")
+    chat.child.sendline("/health")
+    chat.child.expect_exact("breaker")
+    chat.child.expect_exact("you> ")
+    table = [line for line in chat.screen() if line.startswith("demo-large")]
+    assert table, chat.screen()
+    cells = table[-1].split()
+    # model, health, requests, success, capacity, stalls, resumes …
+    assert cells[2] == "3" and cells[4] == "1" and cells[6] == "1"
+    chat.close()
+
+
+def test_retry_regenerates_the_last_answer() -> None:
+    """/retry asks the last question again, with the same history."""
+    chat = Chat("--faults", "none", "--token-delay", "0")
+    chat.child.sendline(Q)
+    chat.child.expect_exact("you> ")
+    chat.child.sendline("/retry")
+    chat.child.expect_exact("you> ")
+    joined = "\n".join(chat.screen())
+    assert joined.count(answer().split("\n")[0]) == 2
+    chat.close()
+
+
+def run_once(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamres", "chat", "--stall-timeout", "0.5", *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_once_prints_the_answer_and_exits() -> None:
+    """--once answers and exits 0; status lines go to stderr when output is not a terminal."""
+    got = run_once("--once", Q, "--token-delay", "0")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == answer() + "\n"
+    assert "switching you to demo-small" in got.stderr
+
+
+def test_once_failure_exits_non_zero_with_the_partial() -> None:
+    """A failed answer exits 1 with the partial answer still printed."""
+    got = run_once("--once", Q, "--faults", "reset@10,401", "--token-delay", "0")
+    assert got.returncode == 1
+    assert got.stdout.strip() and answer().startswith(got.stdout.strip())
+    assert "[failed:" in got.stderr
+
+
+def test_chinese_status_lines() -> None:
+    """--lang zh speaks to the seed's readers in their language."""
+    got = run_once("--once", Q, "--faults", "529,reset@20", "--lang", "zh", "--token-delay", "0")
+    assert got.returncode == 0
+    assert "模型繁忙" in got.stderr and "续传" in got.stderr
+
+
+@pytest.mark.parametrize(
+    ("md", "ansi"),
+    [
+        ("a **b** c", "a \x1b[0m\x1b[1mb\x1b[0m c"),
+        ("x *y*", "x \x1b[0m\x1b[3my\x1b[0m"),
+        ("use `f()`", "use \x1b[0m\x1b[2mf()\x1b[0m"),
+        ("# Title\nbody", "\x1b[0m\x1b[1mTitle\x1b[0m\nbody"),
+        ("```py\ncode\n```\nafter", "\x1b[0m\x1b[2mcode\n\x1b[0mafter"),
+    ],
+)
+def test_markdown_styles(md: str, ansi: str) -> None:
+    """Markdown markers become terminal styles."""
+    styler = MarkdownStyler()
+    assert styler.feed(md) + styler.close() == ansi + "\x1b[0m"
+
+
+@given(st.lists(st.integers(min_value=0, max_value=60)))
+def test_markdown_styler_ignores_chunking(cuts: list[int]) -> None:
+    """However the answer is split into pieces, the styled output is the same."""
+    text = "# Head\nsome **bold** and *it* and `code`\n```\nfenced *raw*\n```\nend 数据"
+    whole = MarkdownStyler()
+    expected = whole.feed(text) + whole.close()
+    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    styler = MarkdownStyler()
+    got = "".join(styler.feed(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+    assert got + styler.close() == expected
