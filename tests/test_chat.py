@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import subprocess
 import sys
@@ -174,5 +175,5 @@ def test_markdown_styler_ignores_chunking(cuts: list[int]) -> None:
     expected = whole.feed(text) + whole.close()
     bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
     styler = MarkdownStyler()
-    got = "".join(styler.feed(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+    got = "".join(styler.feed(text[a:b]) for a, b in itertools.pairwise(bounds))
     assert got + styler.close() == expected
