@@ -136,9 +136,14 @@ async def _ask(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    faults = _faults(args.faults)
+    if args.chaos:
+        connect, midstream, stall = (float(x) for x in args.chaos.split(","))
+        faults = FaultPlan.storm(seed=args.seed, connect=connect, midstream=midstream, stall=stall)
     up = Upstream(
         port=args.port,
-        faults=_faults(args.faults),
+        faults=faults,
+        ping_interval=args.ping_interval,
         token_delay=args.token_delay,
         words=args.words,
         prefill=args.prefill,
@@ -161,6 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logs on stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("chat", help="terminal chat (see `streamres chat --help`)", add_help=False)
+    sub.add_parser("bench", help="benchmarks and a chaos soak (`streamres bench --help`)")
 
     ask = sub.add_parser(
         "ask", help="stream one answer (offline against the embedded upstream by default)"
@@ -194,11 +200,22 @@ def _parser() -> argparse.ArgumentParser:
         "--instruct", choices=["overlap", "exact", "restart", "preamble"], default="overlap"
     )
     serve.add_argument("--max-in-flight", type=int)
+    serve.add_argument("--ping-interval", type=float, default=0.5, help="keep-alives while stalled")
+    serve.add_argument(
+        "--chaos",
+        metavar="CONNECT,MIDSTREAM,STALL",
+        help="a sustained random storm: shares of refused connects, broken and stalled streams",
+    )
+    serve.add_argument("--seed", type=int, default=0)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from streamres import _bench
+
+        return _bench.main(argv[1:])
     if argv[:1] == ["chat"]:
         from streamres import chat
 

@@ -136,10 +136,12 @@ class Deduplicator:
             self._raw += text
             text = self._strip_preamble()
             if not self._preamble_done:
+                self.stats.held_chars = max(self.stats.held_chars, len(self._raw))
                 return ""
         self._held += text
-        self.stats.held_chars = max(self.stats.held_chars, len(self._held))
         if self._open() and (now - self._since < self._max_hold or len(self._held) >= self._commit):
+            # Held back, not yet shown: this is the hold-back a user can notice.
+            self.stats.held_chars = max(self.stats.held_chars, len(self._held))
             return ""
         return self._decide(now)
 

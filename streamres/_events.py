@@ -54,6 +54,11 @@ class Attempt:
     #: Characters this attempt added to the answer.
     chars: int = 0
     seconds: float = 0.0
+    #: For a resumed attempt: repeated characters removed, the most characters held back
+    #: while deciding, and for how long.
+    repeated_chars: int = 0
+    held_chars: int = 0
+    hold_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

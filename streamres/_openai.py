@@ -9,6 +9,8 @@ that follows no finish reason (llama-cpp-python cutting a stream: a truncation, 
 from __future__ import annotations
 
 import json
+import re
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from ._classify import classify_error_object
@@ -47,6 +49,15 @@ def build_request(
     return HttpRequest(url=base_url.rstrip("/") + "/chat/completions", headers=headers, body=body)
 
 
+# A plain content chunk as OpenAI (and servers copying it) write it. Recognising it and reading
+# the one string with json's own scanner is ~2x cheaper than json.loads; the checks make sure
+# nothing else in the chunk could mean something (an error, usage, a finish reason), and any
+# other shape falls through to json.loads.
+_CONTENT = '"choices":[{"index":0,"delta":{"content":"'
+_AFTER = '},"logprobs":null,"finish_reason":null}]'
+_TAIL = re.compile(r'(?:,"usage":null)?(?:,"obfuscation":"[^"\\]*")?\}\Z')
+
+
 class OpenAIDecoder(StreamDecoder):
     """Chat Completions chunks -> text; see :class:`~streamres._wire.StreamDecoder`."""
 
@@ -57,8 +68,16 @@ class OpenAIDecoder(StreamDecoder):
             self.terminal = True
             return ""
         try:
-            chunk = json.loads(data)
-        except ValueError:
+            # str, not bytes: json.loads(bytes) first guesses the encoding in Python (~1.5 µs).
+            text = data.decode()
+            at = text.find(_CONTENT)
+            head = text[:at] if at > 0 else ""
+            if head.startswith('{"id":"') and '"error"' not in head and '"usage":{' not in head:
+                value, end = scanstring(text, at + len(_CONTENT))
+                if text.startswith(_AFTER, end) and _TAIL.match(text, end + len(_AFTER)):
+                    return str(value)
+            chunk = json.loads(text)
+        except ValueError:  # UnicodeDecodeError and scanner errors included
             return self._malformed(data)
         if type(chunk) is not dict:
             return self._malformed(data)

@@ -649,9 +649,18 @@ async def _run(
                 if in_flight:  # cancelled, or an error raised mid-attempt
                     fleet.abandoned(index)
 
+            dedup_fields: dict[str, Any] = {}
+            if dedup is not None:
+                dedup_fields = {
+                    "repeated_chars": len(dedup.stats.dropped),
+                    "held_chars": dedup.stats.held_chars,
+                    "hold_seconds": dedup.stats.hold_seconds,
+                }
             if fail is None:
                 ans.history.append(
-                    Attempt(attempt, route.model, "ok", chars=added, seconds=seconds)
+                    Attempt(
+                        attempt, route.model, "ok", chars=added, seconds=seconds, **dedup_fields
+                    )
                 )
                 ans.failures[ans.pos] = 0
                 yield await ans.done(decoder.finish_reason or "stop")
@@ -667,6 +676,7 @@ async def _run(
                     fail.status_code,
                     chars=added,
                     seconds=seconds,
+                    **dedup_fields,
                 )
             )
             if fail.kind == "prefill_rejected":

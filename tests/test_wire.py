@@ -203,3 +203,53 @@ def test_auto_strategy() -> None:
     assert choose("openai", "https://api.deepseek.com/beta", "auto") == "prefix"
     assert choose("openai", "https://api.openai.com/v1", "auto") == "instruct"
     assert choose("openai", "http://vllm:8000/v1", "prefill") == "prefill"
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(
+    st.text(),
+    st.booleans(),
+    st.sampled_from(["", ',"usage":null', ',"usage":null,"obfuscation":"ab"']),
+)
+def test_openai_fast_path_agrees_with_json(content: str, ascii_only: bool, tail: str) -> None:
+    """The content-chunk fast path reads exactly what json.loads would, for any text."""
+    value = json.dumps(content, ensure_ascii=ascii_only)
+    chunk = (
+        '{"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+        f'"choices":[{{"index":0,"delta":{{"content":{value}}},"logprobs":null,"finish_reason":null}}]{tail}}}'
+    )
+    dec = _openai.OpenAIDecoder()
+    assert dec.feed("", chunk.encode()) == content
+    assert dec.error is None and dec.finish_reason is None
+
+
+@given(st.text(), st.booleans(), st.integers(min_value=0, max_value=12))
+def test_anthropic_fast_path_agrees_with_json(content: str, ascii_only: bool, index: int) -> None:
+    """The text-delta fast path reads exactly what json.loads would, for any text."""
+    value = json.dumps(content, ensure_ascii=ascii_only)
+    event = f'{{"type":"content_block_delta","index":{index},"delta":{{"type":"text_delta","text":{value}}}}}'
+    assert _anthropic.AnthropicDecoder().feed("content_block_delta", event.encode()) == content
+
+
+def test_fast_path_never_hides_errors_or_usage() -> None:
+    """Chunks that carry more than content take the full path."""
+    dec = _openai.OpenAIDecoder()
+    chunk = b'{"id":"c","error":{"message":"overloaded"},"choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null}]}'
+    dec.feed("", chunk)
+    assert dec.error is not None and dec.error.kind == "capacity"
+    dec = _openai.OpenAIDecoder()
+    chunk = b'{"id":"c","usage":{"prompt_tokens":3,"completion_tokens":4},"choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null}]}'
+    assert dec.feed("", chunk) == "x"
+    assert dec.output_tokens == 4
+    dec = _openai.OpenAIDecoder()
+    assert (
+        dec.feed(
+            "",
+            b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":"stop"}]}',
+        )
+        == "x"
+    )
+    assert dec.finish_reason == "stop"

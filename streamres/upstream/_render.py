@@ -45,6 +45,8 @@ _STATUS_MESSAGES = {
 class Render:
     """Common interface; one instance per response."""
 
+    include_usage = False
+
     def __init__(self, model: str) -> None:
         self.model = model
 

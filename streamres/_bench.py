@@ -1,0 +1,484 @@
+"""``streamres bench``: throughput, ledger cost, recovery and a chaos soak, measured one way.
+
+The upstream for throughput and the soak runs in its own process (``streamres serve``) so it
+is never the bottleneck; every consumer reads the same bytes from it over loopback. Machines
+are shared and noisy: each figure is a median of several runs, reported as a ratio to bare
+httpx-sse + json.loads measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import anyio
+import httpx
+import structlog
+
+import streamres
+from streamres.upstream import Upstream, answer_for, split_tokens
+
+__all__ = ["main"]
+
+Q = [{"role": "user", "content": "Explain TCP slow start."}]
+
+
+@contextlib.contextmanager
+def _server(*extra: str) -> Iterator[str]:
+    """``streamres serve`` in a child process; yields its base URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamres", "serve", "--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = line.split()[3]  # "embedded upstream on http://127.0.0.1:PORT ..."
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _words_for(events: int) -> int:
+    """Answer length (words) that streams about ``events`` deltas."""
+    sample = 2000
+    per_word = len(split_tokens(answer_for(Q, words=sample))) / sample
+    return max(10, round(events / per_word))
+
+
+# -- throughput ----------------------------------------------------------------------------
+
+
+async def _raw(client: httpx.AsyncClient, url: str, provider: str, words: int) -> None:
+    path, body = _request(url, provider)
+    async with client.stream("POST", path, json=body, headers=_hdr(words)) as r:
+        async for _ in r.aiter_bytes():
+            pass
+
+
+async def _httpx_sse(client: httpx.AsyncClient, url: str, provider: str, words: int) -> None:
+    from httpx_sse import aconnect_sse
+
+    path, body = _request(url, provider)
+    async with aconnect_sse(client, "POST", path, json=body, headers=_hdr(words)) as source:
+        async for sse in source.aiter_sse():
+            if sse.data != "[DONE]":
+                json.loads(sse.data)
+
+
+async def _streamres(client: httpx.AsyncClient, url: str, provider: str, words: int) -> None:
+    base = url + "/v1" if provider == "openai" else url
+    async for _ in streamres.stream_resilient(
+        Q,
+        model="m",
+        base_url=base,
+        api_key="x",
+        provider=provider,  # type: ignore[arg-type]
+        client=client,
+        headers=_hdr(words),
+        max_tokens=10_000_000,
+    ):
+        pass
+
+
+_SDKS: dict[str, Any] = {}  # one SDK client per kind, reused like the httpx client
+
+
+async def _openai_sdk(client: httpx.AsyncClient, url: str, provider: str, words: int) -> None:
+    import openai
+
+    sdk = _SDKS.get("openai")
+    if sdk is None:
+        sdk = _SDKS["openai"] = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x")
+    stream = await sdk.chat.completions.create(
+        model="m",
+        messages=Q,
+        stream=True,
+        extra_headers=_hdr(words),  # type: ignore[arg-type]
+    )
+    async for _ in stream:
+        pass
+
+
+async def _anthropic_sdk(client: httpx.AsyncClient, url: str, provider: str, words: int) -> None:
+    import anthropic
+
+    sdk = _SDKS.get("anthropic")
+    if sdk is None:
+        sdk = _SDKS["anthropic"] = anthropic.AsyncAnthropic(base_url=url, api_key="x")
+    stream = await sdk.messages.create(
+        model="m",
+        messages=Q,
+        max_tokens=10_000_000,
+        stream=True,  # type: ignore[arg-type]
+        extra_headers=_hdr(words),
+    )
+    async for _ in stream:
+        pass
+
+
+def _hdr(words: int) -> dict[str, str]:
+    return {"x-upstream-words": str(words)}
+
+
+def _request(url: str, provider: str) -> tuple[str, dict[str, Any]]:
+    if provider == "openai":
+        return url + "/v1/chat/completions", {"model": "m", "messages": Q, "stream": True}
+    return url + "/v1/messages", {"model": "m", "messages": Q, "stream": True, "max_tokens": 10**7}
+
+
+Consumer = Callable[[httpx.AsyncClient, str, str, int], Awaitable[None]]
+
+
+def _consumers(provider: str) -> dict[str, Consumer | None]:
+    def available(module: str) -> bool:
+        try:
+            __import__(module)
+        except ImportError:
+            return False
+        return True
+
+    sdk: dict[str, Consumer | None] = (
+        {"openai SDK": _openai_sdk if available("openai") else None}
+        if provider == "openai"
+        else {"anthropic SDK": _anthropic_sdk if available("anthropic") else None}
+    )
+    return {
+        "httpx aiter_bytes (ceiling)": _raw,
+        "httpx-sse + json.loads": _httpx_sse if available("httpx_sse") else None,
+        "streamres": _streamres,
+        **sdk,
+    }
+
+
+async def _throughput(url: str, sizes: list[int], runs: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=None) as client:
+        for provider in ("openai", "anthropic"):
+            for size in sizes:
+                words = _words_for(size)
+                events = len(split_tokens(answer_for(Q, words=words)))
+                consumers = _consumers(provider)
+                skipped = {n for n in consumers if n.endswith("SDK") and size > 50_000}
+                for name in skipped:
+                    consumers[name] = None
+                for fn in consumers.values():  # warm: server cache, imports, connections
+                    if fn is not None:
+                        await fn(client, url, provider, words)
+                times: dict[str, list[float]] = {name: [] for name in consumers}
+                for _ in range(runs):
+                    for name, fn in consumers.items():
+                        if fn is None:
+                            continue
+                        t = time.perf_counter()
+                        await fn(client, url, provider, words)
+                        times[name].append(time.perf_counter() - t)
+                base = statistics.median(times["httpx-sse + json.loads"] or [float("nan")])
+                for name, fn in consumers.items():
+                    row: dict[str, Any] = {"provider": provider, "events": events, "consumer": name}
+                    if name in skipped:
+                        row["note"] = "skipped at this size (minutes per run); see the 20k row"
+                    elif fn is None:
+                        row["note"] = "not installed (pip install 'streamres[bench]')"
+                    else:
+                        med = statistics.median(times[name])
+                        row.update(us_per_event=med / events * 1e6, ratio_to_httpx_sse=med / base)
+                    rows.append(row)
+    return rows
+
+
+async def _peak_memory(url: str, events: int) -> dict[str, float]:
+    """Peak Python heap allocated while consuming one stream (tracemalloc), in KiB."""
+    words = _words_for(events)
+    out: dict[str, float] = {}
+    async with httpx.AsyncClient(timeout=None) as client:
+        for name, fn in (("streamres", _streamres), ("httpx-sse + json.loads", _httpx_sse)):
+            await fn(client, url, "openai", words)
+            tracemalloc.start()
+            await fn(client, url, "openai", words)
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            out[name] = peak / 1024
+    return out
+
+
+# -- token ledger --------------------------------------------------------------------------
+
+
+def _ledger(sizes: list[int]) -> list[dict[str, Any]]:
+    from streamres._tokens import TokenLedger, counter_for
+
+    _, count = counter_for("gpt-4o-mini")
+    rows = []
+    for size in sizes:
+        pieces = [p for p, _ in split_tokens(answer_for(Q, words=_words_for(size)))]
+        n = len(pieces)
+        t = time.perf_counter()
+        ledger = TokenLedger(count)
+        for p in pieces:
+            ledger.add(p)
+        _ = ledger.tokens
+        ledger_us = (time.perf_counter() - t) / n * 1e6
+        t = time.perf_counter()
+        for p in pieces:
+            count(p)
+        per_delta_us = (time.perf_counter() - t) / n * 1e6
+        row = {"events": n, "ledger_us_per_event": ledger_us, "encode_each_delta_us": per_delta_us}
+        if n <= 2000:
+            t = time.perf_counter()
+            text = ""
+            for p in pieces:
+                text += p
+                count(text)
+            row["reencode_whole_us"] = (time.perf_counter() - t) / n * 1e6
+        rows.append(row)
+    return rows
+
+
+# -- recovery ------------------------------------------------------------------------------
+
+_RECOVERY = [
+    # label, provider, upstream kwargs, fault, client continuation
+    ("429 Retry-After 0.2 s", "openai", {}, "429:retry-after=0.2", "auto"),
+    ("529 Retry-After 0.2 s", "anthropic", {}, "529:retry-after=0.2", "auto"),
+    ("error event, prefill", "anthropic", {}, "error@40", "auto"),
+    ("error event, instruct-overlap", "openai", {}, "error@40", "auto"),
+    ("error event, restart", "openai", {"instruct": "restart"}, "error@40", "auto"),
+    ("reset, prefill", "anthropic", {}, "reset@40", "auto"),
+    ("reset, instruct-overlap", "openai", {}, "reset@40", "auto"),
+    ("reset, instruct-preamble", "openai", {"instruct": "preamble"}, "reset@40", "auto"),
+    ("stall (0.5 s), prefill", "anthropic", {"ping_interval": 0.1}, "stall@40", "auto"),
+    ("truncation, instruct-overlap", "openai", {}, "truncate@40", "auto"),
+    ("[DONE] without finish, prefill", "openai", {}, "done-no-finish@40", "prefill"),
+]
+
+
+async def _recovery() -> list[dict[str, Any]]:
+    rows = []
+    for label, provider, kw, fault, continuation in _RECOVERY:
+        async with Upstream(faults=fault, **kw) as up:
+            base = up.openai_url if provider == "openai" else up.anthropic_url
+            marks: list[tuple[str, float, float]] = []
+            done: streamres.DoneEvent | None = None
+            async for ev in streamres.stream_resilient(
+                Q,
+                model="m",
+                base_url=base,
+                api_key="x",
+                provider=provider,  # type: ignore[arg-type]
+                stall_timeout=0.5,
+                continuation=continuation,  # type: ignore[arg-type]
+                backoff=streamres.Backoff(initial=0.001, maximum=0.001),
+            ):
+                delay = getattr(ev, "delay", 0.0)
+                marks.append((ev.type, anyio.current_time(), delay))
+                if ev.type == "done":
+                    done = ev
+            assert done is not None
+            status = next(i for i, m in enumerate(marks) if m[0] in ("retry", "resume"))
+            nxt = next(m for m in marks[status + 1 :] if m[0] == "text")
+            gap = nxt[1] - marks[status][1] - marks[status][2]
+            last = done.history[-1]
+            rows.append(
+                {
+                    "scenario": label,
+                    "gap_ms": gap * 1000,
+                    "held_chars": last.held_chars,
+                    "hold_ms": last.hold_seconds * 1000,
+                    "wasted_tokens": done.usage.wasted_tokens,
+                    "exact": done.text == up.answer(Q),
+                    "restart_client_wasted": await _restart_waste(base, provider, fault, up),
+                }
+            )
+    return rows
+
+
+async def _restart_waste(base: str, provider: str, fault: str, up: Upstream) -> int | str:
+    """What a restart-from-scratch client regenerates: the whole partial answer (shown twice)."""
+    if "@" not in fault:
+        return 0
+    up.faults.push(fault)
+    try:
+        async for _ in streamres.stream_resilient(
+            Q,
+            model="m",
+            base_url=base,
+            api_key="x",
+            provider=provider,  # type: ignore[arg-type]
+            max_attempts=1,
+            stall_timeout=0.5,
+        ):
+            pass
+    except streamres.StreamError as exc:
+        from streamres._tokens import counter_for
+
+        return counter_for("m")[1](exc.partial_text)
+    return 0
+
+
+# -- chaos soak ----------------------------------------------------------------------------
+
+
+async def _soak(url: str, streams: int, seconds: float) -> dict[str, Any]:
+    routes = [
+        streamres.Route("m1", base_url=url + "/v1", api_key="x", family="f", size=2),
+        streamres.Route("m2", base_url=url + "/v1", api_key="x", family="f", size=1),
+    ]
+    budget = streamres.RetryBudget(ratio=2.0, floor=20.0, cap=50.0)
+    results: list[tuple[bool, float, int]] = []
+    started = anyio.current_time()
+    async with streamres.Client(
+        routes,
+        retry_budget=budget,
+        breaker_threshold=5,
+        breaker_recovery=2.0,
+        deadline=seconds,
+        stall_timeout=1.0,
+        backoff=streamres.Backoff(initial=0.05, maximum=1.0),
+    ) as client:
+
+        async def one(i: int) -> None:
+            msgs = [{"role": "user", "content": f"question {i}"}]
+            expected = answer_for(msgs)
+            t = anyio.current_time()
+            try:
+                text = ""
+                async for ev in client.stream(msgs, model="m1"):
+                    if ev.type == "text":
+                        text += ev.text
+                    elif ev.type == "done":
+                        results.append((ev.text == expected, anyio.current_time() - t, ev.attempts))
+            except streamres.StreamError as exc:
+                results.append(
+                    (
+                        expected.startswith(exc.partial_text) and exc.partial_text == text,
+                        anyio.current_time() - t,
+                        len(exc.attempts),
+                    )
+                )
+
+        async with anyio.create_task_group() as tg:
+            for i in range(streams):
+                tg.start_soon(one, i)
+    times = sorted(r[1] for r in results)
+    return {
+        "streams": streams,
+        "exact_or_exact_partial": sum(r[0] for r in results) / len(results),
+        "completed": len(results),
+        "p50_s": times[len(times) // 2],
+        "p95_s": times[min(len(times) - 1, int(0.95 * len(times)))],
+        "requests_per_answer": sum(r[2] for r in results) / len(results),
+        "budget_allows_per_answer": 1
+        + budget.ratio
+        + (budget.cap + budget.floor * (anyio.current_time() - started)) / streams,
+        "wall_s": anyio.current_time() - started,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, bool):
+            return "yes" if v else "NO"
+        if isinstance(v, float):
+            return f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
+        return str(v)
+
+    cells = [columns] + [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells
+    )
+
+
+async def _all(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = [2000] if args.quick else [20_000, 200_000]
+    runs = 1 if args.quick else args.runs
+    report: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {platform.python_implementation()} "
+        f"{platform.python_version()}, {platform.system()}",
+    }
+    with _server() as url:
+        print("throughput…", file=sys.stderr)
+        report["throughput"] = await _throughput(url, sizes, runs)
+        report["peak_memory_kib"] = await _peak_memory(url, 2000 if args.quick else 20_000)
+    print("token ledger…", file=sys.stderr)
+    report["ledger"] = _ledger([1000] if args.quick else [1000, 10_000, 100_000])
+    print("recovery…", file=sys.stderr)
+    report["recovery"] = await _recovery()
+    with _server("--chaos", "0.5,0.33,0.05", "--ping-interval", "0.2") as url:
+        print("chaos soak…", file=sys.stderr)
+        report["soak"] = await _soak(url, 20 if args.quick else args.soak, 60.0)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="streamres bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes, one run (a smoke test)")
+    p.add_argument("--runs", type=int, default=5, help="runs per throughput figure (median)")
+    p.add_argument("--soak", type=int, default=200, help="concurrent streams in the chaos soak")
+    p.add_argument("--json", default="bench-results.json", help="where to write the results")
+    args = p.parse_args(argv)
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
+    )
+    report = anyio.run(_all, args)
+    print("\nThroughput (µs per SSE event, median; ratio to httpx-sse + json.loads)")
+    print(
+        _table(
+            report["throughput"],
+            ["provider", "events", "consumer", "us_per_event", "ratio_to_httpx_sse", "note"],
+        )
+    )
+    print(
+        "\nPeak heap per stream (KiB):", {k: round(v) for k, v in report["peak_memory_kib"].items()}
+    )
+    print("\nToken ledger (µs per event)")
+    print(
+        _table(
+            report["ledger"],
+            ["events", "ledger_us_per_event", "encode_each_delta_us", "reencode_whole_us"],
+        )
+    )
+    print("\nRecovery (gap = fault detected → next new character, minus the backoff)")
+    print(
+        _table(
+            report["recovery"],
+            [
+                "scenario",
+                "gap_ms",
+                "held_chars",
+                "hold_ms",
+                "wasted_tokens",
+                "exact",
+                "restart_client_wasted",
+            ],
+        )
+    )
+    print("\nChaos soak")
+    print(_table([report["soak"]], list(report["soak"])))
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    print(f"\nwritten to {args.json}")
+    exact = all(r["exact"] for r in report["recovery"])
+    return 0 if exact and report["soak"]["exact_or_exact_partial"] == 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
