@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import logging
 import platform
@@ -98,33 +99,24 @@ _SDKS: dict[str, Any] = {}  # one SDK client per kind, reused like the httpx cli
 
 
 async def _openai_sdk(client: httpx.AsyncClient, url: str, provider: str, words: int) -> None:
-    import openai
-
     sdk = _SDKS.get("openai")
     if sdk is None:
+        openai: Any = importlib.import_module("openai")
         sdk = _SDKS["openai"] = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x")
     stream = await sdk.chat.completions.create(
-        model="m",
-        messages=Q,
-        stream=True,
-        extra_headers=_hdr(words),  # type: ignore[arg-type]
+        model="m", messages=Q, stream=True, extra_headers=_hdr(words)
     )
     async for _ in stream:
         pass
 
 
 async def _anthropic_sdk(client: httpx.AsyncClient, url: str, provider: str, words: int) -> None:
-    import anthropic
-
     sdk = _SDKS.get("anthropic")
     if sdk is None:
+        anthropic: Any = importlib.import_module("anthropic")
         sdk = _SDKS["anthropic"] = anthropic.AsyncAnthropic(base_url=url, api_key="x")
     stream = await sdk.messages.create(
-        model="m",
-        messages=Q,
-        max_tokens=10_000_000,
-        stream=True,  # type: ignore[arg-type]
-        extra_headers=_hdr(words),
+        model="m", messages=Q, max_tokens=10_000_000, stream=True, extra_headers=_hdr(words)
     )
     async for _ in stream:
         pass
@@ -250,7 +242,7 @@ def _ledger(sizes: list[int]) -> list[dict[str, Any]]:
 
 # -- recovery ------------------------------------------------------------------------------
 
-_RECOVERY = [
+_RECOVERY: list[tuple[str, str, dict[str, Any], str, str]] = [
     # label, provider, upstream kwargs, fault, client continuation
     ("429 Retry-After 0.2 s", "openai", {}, "429:retry-after=0.2", "auto"),
     ("529 Retry-After 0.2 s", "anthropic", {}, "529:retry-after=0.2", "auto"),
