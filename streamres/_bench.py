@@ -261,7 +261,8 @@ _RECOVERY: list[tuple[str, str, dict[str, Any], str, str]] = [
 async def _recovery() -> list[dict[str, Any]]:
     rows = []
     for label, provider, kw, fault, continuation in _RECOVERY:
-        async with Upstream(faults=fault, **kw) as up:
+        # Token by token, as a real model streams, so the hold-back is what a user would see.
+        async with Upstream(faults=fault, token_delay=0.002, **kw) as up:
             base = up.openai_url if provider == "openai" else up.anthropic_url
             marks: list[tuple[str, float, float]] = []
             done: streamres.DoneEvent | None = None

@@ -78,7 +78,8 @@ class DedupStats:
 
 
 def _word_start(d: str, k: int) -> bool:
-    return k == 0 or (not d[k - 1].isalnum() and d[k].isalnum())
+    """Does position ``k`` of ``d`` start a word (after whitespace: "🚀", "¿", "(a" count)?"""
+    return k == 0 or (d[k - 1].isspace() and not d[k].isspace())
 
 
 class Deduplicator:

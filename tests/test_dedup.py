@@ -96,7 +96,9 @@ def test_diverged_restart_emits_from_divergence() -> None:
 
 # -- properties ------------------------------------------------------------------------------
 
-words = st.lists(st.sampled_from(["ab", "ba", "abb", "a", "b", "ab\n", "数据", "é"]), min_size=1)
+words = st.lists(
+    st.sampled_from(["ab", "ba", "abb", "a", "b", "ab\n", "数据", "é", "🚀?", "(b"]), min_size=1
+)
 delivered_text = words.map(" ".join)
 # New text starts with a character that never occurs in delivered text.
 new_text = st.text(alphabet="xyz .\n", min_size=1).map(lambda s: "Z" + s)
@@ -113,6 +115,20 @@ def test_never_repeats_a_long_overlap(d: str, new: str, k: int, cuts: list[int])
     k = k % (len(d) + 1)
     assume(len(d) - k >= 12 or k == 0)
     assert run(d, chunked(d[k:] + new, cuts)) == new
+
+
+def test_short_overlap_starting_with_a_symbol() -> None:
+    """A repeated tail of whole words is removed even when it starts with an emoji."""
+    assert run("loss 🚀? Again ☕", ["🚀? Again ☕", " then"]) == " then"
+
+
+@given(delivered_text, new_text, st.integers(min_value=0), st.lists(st.integers(min_value=0)))
+def test_word_aligned_overlap_of_any_length(d: str, new: str, k: int, cuts: list[int]) -> None:
+    """A head that repeats D from any word start (the instruct case) joins exactly."""
+    starts = [i for i in range(1, len(d)) if d[i - 1] == " " and d[i] != " "]
+    assume(starts)
+    k = starts[k % len(starts)]
+    assert run(d, chunked(d[k:] + " " + new, cuts)) == " " + new
 
 
 @given(delivered_text, new_text, st.lists(st.integers(min_value=0)))
