@@ -14,7 +14,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from ._classify import classify_error_object
-from ._wire import HttpRequest, StreamDecoder, normalise_finish
+from ._wire import HttpRequest, PartialCall, StreamDecoder, normalise_finish
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicDecoder", "build_request"]
 
@@ -79,7 +79,12 @@ _TEXT_DELTA = re.compile(
 class AnthropicDecoder(StreamDecoder):
     """Messages stream events -> text; see :class:`~streamres._wire.StreamDecoder`."""
 
-    __slots__ = ()
+    __slots__ = ("_thinking",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Thinking blocks still streaming, by index (complete ones go to signed_thinking).
+        self._thinking: dict[int, dict[str, Any]] = {}
 
     def feed(self, name: str, data: bytes) -> str:
         if name == "ping":
@@ -97,12 +102,50 @@ class AnthropicDecoder(StreamDecoder):
         if type(event) is not dict:
             return self._malformed(data)
         kind = name or event.get("type", "")
+        index = event.get("index", 0)
         if kind == "content_block_delta":
             delta = event.get("delta") or {}
-            if delta.get("type") == "text_delta":
+            dtype = delta.get("type")
+            if dtype == "text_delta":
                 return str(delta.get("text", ""))
-            return ""
-        if kind == "message_start":
+            if dtype == "input_json_delta" and index in self.calls:
+                self.calls[index].arguments.append(str(delta.get("partial_json", "")))
+            elif dtype == "thinking_delta" and index in self._thinking:
+                text = str(delta.get("thinking", ""))
+                self._thinking[index]["thinking"] += text
+                self.side.append(("thinking", text))
+            elif dtype == "signature_delta" and index in self._thinking:
+                self._thinking[index]["signature"] += str(delta.get("signature", ""))
+        elif kind == "content_block_start":
+            block = event.get("content_block") or {}
+            btype = block.get("type")
+            if btype == "tool_use":
+                call = PartialCall(
+                    id=str(block.get("id", "")),
+                    name=str(block.get("name", "")),
+                    requires_close=True,
+                )
+                if block.get("input"):
+                    call.arguments.append(json.dumps(block["input"]))
+                self.calls[index] = call
+            elif btype == "thinking":
+                self._thinking[index] = {
+                    "type": "thinking",
+                    "thinking": str(block.get("thinking", "")),
+                    "signature": str(block.get("signature", "")),
+                }
+            elif btype == "redacted_thinking":
+                self.signed_thinking.append(dict(block))
+        elif kind == "content_block_stop":
+            if index in self.calls:
+                call = self.calls[index]
+                call.closed = True
+                if not call.arguments:
+                    call.arguments.append("{}")  # a tool without parameters, closed whole
+            block = self._thinking.pop(index, None)
+            if block is not None and block["signature"]:
+                self.signed_thinking.append(block)
+        elif kind == "message_start":
             usage = (event.get("message") or {}).get("usage") or {}
             self.input_tokens = usage.get("input_tokens", self.input_tokens)
             self.output_tokens = usage.get("output_tokens", self.output_tokens)
@@ -110,6 +153,7 @@ class AnthropicDecoder(StreamDecoder):
             reason = (event.get("delta") or {}).get("stop_reason")
             if reason:
                 self.finish_reason = normalise_finish(reason)
+                self._finish_calls()
             usage = event.get("usage") or {}
             self.output_tokens = usage.get("output_tokens", self.output_tokens)
         elif kind == "message_stop":

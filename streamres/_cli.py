@@ -125,7 +125,7 @@ async def _ask(args: argparse.Namespace) -> int:
                                 file=err,
                             )
                             return 0 if exact else 1
-                    else:
+                    elif ev.type in ("retry", "resume", "fallback"):
                         print(f"\n  ⟳ {ev.message}", file=err, flush=True)
         except streamres.StreamError as exc:
             if exc.partial_text and not partial.endswith("\n"):

@@ -23,10 +23,18 @@ Strategies:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["CONTINUE_INSTRUCTION", "Continuation", "Strategy", "build_continuation", "choose"]
+__all__ = [
+    "CONTINUE_INSTRUCTION",
+    "Continuation",
+    "Strategy",
+    "build_continuation",
+    "choose",
+    "thinking_enabled",
+]
 
 Strategy = Literal["prefill", "prefix", "instruct"]
 
@@ -47,8 +55,18 @@ class Continuation:
     stripped: int = 0
 
 
-def choose(provider: str, base_url: str, requested: str) -> Strategy:
+def thinking_enabled(body: Mapping[str, Any]) -> bool:
+    """Anthropic extended thinking is on for this request (prefill is then refused)."""
+    thinking = body.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def choose(
+    provider: str, base_url: str, requested: str, body: Mapping[str, Any] | None = None
+) -> Strategy:
     """The strategy for a provider/server when the caller asked for ``requested``."""
+    if provider == "anthropic" and body is not None and thinking_enabled(body):
+        return "instruct"  # with thinking on, an assistant turn cannot be prefilled
     if requested in ("prefill", "prefix", "instruct"):
         return requested  # type: ignore[return-value]
     if provider == "anthropic":
@@ -60,15 +78,28 @@ def choose(provider: str, base_url: str, requested: str) -> Strategy:
 
 
 def build_continuation(
-    messages: list[dict[str, Any]], partial: str, *, strategy: Strategy, provider: str
+    messages: list[dict[str, Any]],
+    partial: str,
+    *,
+    strategy: Strategy,
+    provider: str,
+    thinking: Sequence[Mapping[str, Any]] = (),
 ) -> Continuation:
-    """The request that continues ``partial``, the answer so far to ``messages``."""
+    """The request that continues ``partial``, the answer so far to ``messages``.
+
+    ``thinking``: the complete, signed thinking blocks that came before the partial answer
+    (Anthropic). They are sent back byte for byte at the start of the assistant turn, as the
+    API requires; a thinking block cut off mid-way is never sent (its signature is missing).
+    """
     original = list(messages)  # never the caller's list
     if strategy == "instruct":
+        content: Any = partial
+        if provider == "anthropic" and thinking:
+            content = [*map(dict, thinking), {"type": "text", "text": partial}]
         return Continuation(
             messages=[
                 *original,
-                {"role": "assistant", "content": partial},
+                {"role": "assistant", "content": content},
                 {"role": "user", "content": CONTINUE_INSTRUCTION},
             ],
             strategy=strategy,

@@ -20,6 +20,9 @@ __all__ = [
     "RetryEvent",
     "StatusEvent",
     "TextEvent",
+    "ThinkingEvent",
+    "ToolCall",
+    "ToolCallEvent",
     "Usage",
 ]
 
@@ -67,6 +70,33 @@ class TextEvent:
 
     text: str
     type: Literal["text"] = field(default="text", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingEvent:
+    """Reasoning the model streams before (or between) its answer; never part of ``text``."""
+
+    text: str
+    type: Literal["thinking"] = field(default="thinking", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A complete tool call: ``arguments`` is the whole JSON text, and it parses."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEvent:
+    """A tool call the model made, reported only once its arguments arrived whole."""
+
+    id: str
+    name: str
+    arguments: str
+    type: Literal["tool_call"] = field(default="tool_call", init=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +155,14 @@ class DoneEvent:
     #: Characters of repeated text the de-duplicator removed across resumes.
     deduplicated_chars: int = 0
     elapsed: float = 0.0
+    #: The tool calls of the turn (complete and parseable), if the model made any.
+    tool_calls: tuple[ToolCall, ...] = ()
+    #: The reasoning text streamed as ``thinking`` events.
+    thinking: str = ""
     type: Literal["done"] = field(default="done", init=False)
 
 
 StatusEvent = RetryEvent | ResumeEvent | FallbackEvent
-Event = TextEvent | RetryEvent | ResumeEvent | FallbackEvent | DoneEvent
+Event = (
+    TextEvent | ThinkingEvent | ToolCallEvent | RetryEvent | ResumeEvent | FallbackEvent | DoneEvent
+)

@@ -14,7 +14,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from ._classify import classify_error_object
-from ._wire import HttpRequest, StreamDecoder, normalise_finish
+from ._wire import HttpRequest, PartialCall, StreamDecoder, normalise_finish
 
 __all__ = ["OpenAIDecoder", "build_request"]
 
@@ -93,13 +93,22 @@ class OpenAIDecoder(StreamDecoder):
         if not choices:
             return ""
         choice = choices[0]
+        delta = choice.get("delta") or {}
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning and isinstance(reasoning, str):
+            self.side.append(("thinking", reasoning))
+        for call in delta.get("tool_calls") or ():
+            partial = self.calls.setdefault(call.get("index", 0), PartialCall())
+            partial.id = call.get("id") or partial.id
+            function = call.get("function") or {}
+            partial.name = function.get("name") or partial.name
+            if function.get("arguments"):
+                partial.arguments.append(function["arguments"])
         reason = choice.get("finish_reason")
         if reason:
             if reason == "error":
                 self.error = classify_error_object({"message": "the provider ended the stream"})
                 return ""
             self.finish_reason = normalise_finish(reason)
-        delta = choice.get("delta")
-        if delta:
-            return delta.get("content") or ""
-        return ""
+            self._finish_calls()
+        return delta.get("content") or ""

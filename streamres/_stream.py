@@ -44,6 +44,9 @@ from ._events import (
     ResumeEvent,
     RetryEvent,
     TextEvent,
+    ThinkingEvent,
+    ToolCall,
+    ToolCallEvent,
     Usage,
 )
 from ._fleet import Fleet
@@ -225,6 +228,10 @@ class _Answer:
         self.output_tokens: int | None = None
         self.wasted = ""
         self.deduplicated = 0
+        self.thinking: list[str] = []
+        self.tool_calls: tuple[ToolCall, ...] = ()
+        #: Complete signed thinking blocks of the answer so far (sent back on resume).
+        self.signed_thinking: list[dict[str, Any]] = []
         self.start = anyio.current_time()
         self.t_end = self.start + opts.deadline
 
@@ -289,7 +296,7 @@ class _Answer:
         assert route.base_url is not None
         if (route.base_url, route.model) in _prefill_refused:
             return "instruct"
-        return choose(route.provider, route.base_url, route.continuation)
+        return choose(route.provider, route.base_url, route.continuation, self.opts.extra_body)
 
     async def request(self) -> tuple[HttpRequest, Deduplicator | None, int | None]:
         """The next request, its de-duplicator, and the token budget left (None: no cap)."""
@@ -307,7 +314,11 @@ class _Answer:
                 budget -= await self.tokens()
             strategy = self.strategy()
             cont = build_continuation(
-                opts.messages, self.text, strategy=strategy, provider=route.provider
+                opts.messages,
+                self.text,
+                strategy=strategy,
+                provider=route.provider,
+                thinking=self.signed_thinking,
             )
             messages, extra = cont.messages, {**opts.extra_body, **cont.extra_body}
             dedup = Deduplicator(
@@ -373,6 +384,8 @@ class _Answer:
             history=tuple(self.history),
             deduplicated_chars=self.deduplicated,
             elapsed=elapsed,
+            tool_calls=self.tool_calls,
+            thinking="".join(self.thinking),
         )
 
 
@@ -584,6 +597,18 @@ async def _run(
                                         pieces.append(piece)
                                     if decoder.error is not None or decoder.terminal:
                                         break
+                                if decoder.side:
+                                    for kind, value in decoder.side:
+                                        if kind == "thinking":
+                                            ans.thinking.append(value)
+                                            yield ThinkingEvent(value)
+                                        else:
+                                            ans.tool_calls = value
+                                            for call in value:
+                                                yield ToolCallEvent(
+                                                    call.id, call.name, call.arguments
+                                                )
+                                    decoder.side.clear()
                                 if pieces:
                                     t = now()
                                     last_content = t
@@ -608,6 +633,8 @@ async def _run(
                                 await body_iter.aclose()  # type: ignore[attr-defined]
                             await response.aclose()
                 ans.add_usage(decoder)
+                if not ans.signed_thinking:
+                    ans.signed_thinking = list(decoder.signed_thinking)
                 seconds = now() - started
                 ttft = first_content - started if first_content is not None else None
                 dropped = ""

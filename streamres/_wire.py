@@ -8,12 +8,14 @@ object per SSE event, because this runs once per token and allocation is the hot
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._classify import Failure, failure
+from ._events import ToolCall
 
-__all__ = ["HttpRequest", "StreamDecoder", "normalise_finish"]
+__all__ = ["HttpRequest", "PartialCall", "StreamDecoder", "normalise_finish"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +43,57 @@ def normalise_finish(reason: str) -> str:
     return _FINISH.get(reason, reason)
 
 
-class StreamDecoder:
-    """Base for the per-provider decoders (see ``_openai`` and ``_anthropic``)."""
+@dataclass
+class PartialCall:
+    """A tool call while its arguments stream in."""
 
-    __slots__ = ("error", "finish_reason", "input_tokens", "output_tokens", "terminal")
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    #: Anthropic closes each block (content_block_stop); a call not closed is not whole.
+    requires_close: bool = False
+    closed: bool = False
+
+    def complete(self) -> ToolCall | None:
+        """The call, if its arguments arrived whole and parse as JSON; else None."""
+        text = "".join(self.arguments)
+        if not (self.id and self.name and text) or (self.requires_close and not self.closed):
+            return None
+        try:
+            json.loads(text)
+        except ValueError:
+            return None
+        return ToolCall(id=self.id, name=self.name, arguments=text)
+
+
+class StreamDecoder:
+    """Base for the per-provider decoders (see ``_openai`` and ``_anthropic``).
+
+    Besides the answer's text (returned by ``feed``), a turn can carry reasoning and tool calls.
+    Those go to ``side`` as ``("thinking", str)`` as they stream, and ``("tool_calls",
+    tuple[ToolCall, ...])`` once, when the model finished the turn and *every* call of it
+    arrived whole and parses: all or nothing, never a partial call. The shell drains ``side``
+    once per network read, so the plain-text hot path pays nothing for it.
+    """
+
+    __slots__ = (
+        "calls",
+        "error",
+        "finish_reason",
+        "input_tokens",
+        "output_tokens",
+        "side",
+        "signed_thinking",
+        "terminal",
+    )
 
     def __init__(self) -> None:
+        #: Tool calls being streamed, by their index in the turn.
+        self.calls: dict[int, PartialCall] = {}
+        #: Reasoning text and completed tool calls, for the shell to pass on.
+        self.side: list[tuple[str, Any]] = []
+        #: Complete, signed thinking blocks (Anthropic), to send back byte for byte on resume.
+        self.signed_thinking: list[dict[str, Any]] = []
         #: Normalised finish reason, once the model said it finished.
         self.finish_reason: str | None = None
         #: The protocol's terminal event arrived (``[DONE]``, ``message_stop``).
@@ -59,6 +106,20 @@ class StreamDecoder:
     def feed(self, name: str, data: bytes) -> str:
         """One SSE event -> the text it adds to the answer (``""`` for none)."""
         raise NotImplementedError
+
+    def _finish_calls(self) -> None:
+        """The model ended its turn: hand over every tool call, or flag the turn incomplete."""
+        if not self.calls:
+            return
+        done = [c.complete() for _, c in sorted(self.calls.items())]
+        calls = tuple(c for c in done if c is not None)
+        self.calls = {}
+        if len(calls) != len(done):
+            self.error = failure(
+                "malformed", "a tool call's arguments did not arrive whole; asking again"
+            )
+            return
+        self.side.append(("tool_calls", calls))
 
     def end_failure(self) -> Failure | None:
         """At the end of the body: ``None`` if the answer is complete, else why not."""

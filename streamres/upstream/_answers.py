@@ -15,6 +15,7 @@ request is recognised the way a real server would see it:
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -134,6 +135,110 @@ class Reply:
     kind: str
     #: A 400 the server answers instead: (error type, message).
     rejection: tuple[str, str] | None = None
+    #: Reasoning streamed before the text (when the request turned it on).
+    thinking: str = ""
+    #: Tool calls after the text: (id, name, arguments JSON).
+    tool_calls: tuple[tuple[str, str, str], ...] = ()
+
+
+def sign(thinking: str) -> str:
+    """The embedded upstream's signature of a thinking block (checked when sent back)."""
+    digest = hashlib.sha256(b"streamres-upstream:" + thinking.encode()).digest()
+    return base64.b64encode(digest).decode()
+
+
+def _tool_names(tools: Any) -> list[str]:
+    names = []
+    for t in tools or ():
+        if isinstance(t, dict):
+            name = (t.get("function") or {}).get("name") if "function" in t else t.get("name")
+            if name:
+                names.append(str(name))
+    return names
+
+
+def _thinking_on(provider: str, body: dict[str, Any]) -> bool:
+    if provider == "anthropic":
+        thinking = body.get("thinking")
+        return isinstance(thinking, dict) and thinking.get("type") == "enabled"
+    return bool(body.get("reasoning_effort"))
+
+
+def _check_history(
+    provider: str, body: dict[str, Any], messages: list[dict[str, Any]]
+) -> tuple[str, str] | None:
+    """The real APIs' rules about what an assistant turn may carry back."""
+    thinking = _thinking_on(provider, body)
+    for m in messages:
+        if m.get("role") != "assistant":
+            continue
+        if provider == "openai" and "reasoning_content" in m:
+            return ("invalid_request_error", "reasoning_content must not be sent back in messages")
+        content = m.get("content")
+        if provider == "anthropic" and isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "thinking":
+                    if block.get("signature") != sign(str(block.get("thinking", ""))):
+                        return ("invalid_request_error", "Invalid `signature` in `thinking` block")
+    if (
+        thinking
+        and provider == "anthropic"
+        and messages
+        and messages[-1].get("role") == "assistant"
+    ):
+        return (
+            "invalid_request_error",
+            "Assistant message prefill is not supported when thinking is enabled.",
+        )
+    return None
+
+
+def plan_reply(
+    messages: list[dict[str, Any]],
+    *,
+    provider: Literal["openai", "anthropic"],
+    body: dict[str, Any],
+    prefill: PrefillBehaviour = "continue",
+    instruct: InstructBehaviour = "overlap",
+    overlap_words: int = 3,
+    words: int = 90,
+) -> Reply:
+    """Decide the reply to ``messages`` (OpenAI-style; Anthropic's ``system`` already folded in):
+    the text (``_plan_text``), then reasoning and tool calls when the request asks for them."""
+    rejection = _check_history(provider, body, messages)
+    if rejection is not None:
+        return Reply("", "", "rejected", rejection)
+    reply = _plan_text(
+        messages,
+        provider=provider,
+        body=body,
+        prefill=prefill,
+        instruct=instruct,
+        overlap_words=overlap_words,
+        words=words,
+    )
+    if reply.rejection is not None:
+        return reply
+    thinking = ""
+    if _thinking_on(provider, body):
+        topic = " ".join(reply.full.split()[:6])
+        thinking = (
+            f"The user wants an answer about {topic}. Let me lay it out step by step, "
+            "keeping the sentences short and the order clear."
+            if reply.kind == "fresh"
+            else "The answer was cut off; I will carry on from exactly where it stopped."
+        )
+    calls = []
+    key = hashlib.sha256(reply.full.encode()).hexdigest()
+    for i, name in enumerate(_tool_names(body.get("tools"))[:2]):
+        args = {"path": f"notes/{key[:8]}-{i}.md", "content": " ".join(reply.full.split()[:25])}
+        prefix = "toolu_" if provider == "anthropic" else "call_"
+        calls.append(
+            (f"{prefix}{key[8 + i * 8 : 16 + i * 8]}", name, json.dumps(args, ensure_ascii=False))
+        )
+    return Reply(
+        reply.full, reply.text, reply.kind, None, thinking=thinking, tool_calls=tuple(calls)
+    )
 
 
 def _overlap_start(full: str, cut: int, words: int) -> int:
@@ -151,17 +256,16 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
-def plan_reply(
+def _plan_text(
     messages: list[dict[str, Any]],
     *,
     provider: Literal["openai", "anthropic"],
     body: dict[str, Any],
-    prefill: PrefillBehaviour = "continue",
-    instruct: InstructBehaviour = "overlap",
-    overlap_words: int = 3,
-    words: int = 90,
+    prefill: PrefillBehaviour,
+    instruct: InstructBehaviour,
+    overlap_words: int,
+    words: int,
 ) -> Reply:
-    """Decide the reply to ``messages`` (OpenAI-style; Anthropic's ``system`` already folded in)."""
     last = messages[-1] if messages else {}
     if last.get("role") == "assistant":
         partial = _text_of(last.get("content", ""))

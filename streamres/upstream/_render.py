@@ -56,8 +56,29 @@ class Render:
     def start(self, input_tokens: int) -> bytes:
         raise NotImplementedError
 
-    def delta(self, text: str) -> bytes:
+    def text_start(self, index: int) -> bytes:
+        return b""
+
+    def delta(self, text: str, index: int = 0) -> bytes:
         raise NotImplementedError
+
+    def thinking_start(self, index: int) -> bytes:
+        return b""
+
+    def reasoning(self, text: str, index: int) -> bytes:
+        raise NotImplementedError
+
+    def signature(self, index: int, signature: str) -> bytes:
+        return b""
+
+    def tool_start(self, index: int, call: int, call_id: str, name: str) -> bytes:
+        raise NotImplementedError
+
+    def tool_args(self, index: int, call: int, piece: str) -> bytes:
+        raise NotImplementedError
+
+    def block_stop(self, index: int) -> bytes:
+        return b""
 
     def finish(self, reason: str, input_tokens: int, output_tokens: int) -> bytes:
         raise NotImplementedError
@@ -104,8 +125,23 @@ class OpenAIRender(Render):
     def start(self, input_tokens: int) -> bytes:
         return self._chunk({"role": "assistant", "content": "", "refusal": None}, None)
 
-    def delta(self, text: str) -> bytes:
+    def delta(self, text: str, index: int = 0) -> bytes:
         return self._chunk({"content": text}, None)
+
+    def reasoning(self, text: str, index: int) -> bytes:
+        return self._chunk({"reasoning_content": text}, None)
+
+    def tool_start(self, index: int, call: int, call_id: str, name: str) -> bytes:
+        fn = {"name": name, "arguments": ""}
+        return self._chunk(
+            {"tool_calls": [{"index": call, "id": call_id, "type": "function", "function": fn}]},
+            None,
+        )
+
+    def tool_args(self, index: int, call: int, piece: str) -> bytes:
+        return self._chunk(
+            {"tool_calls": [{"index": call, "function": {"arguments": piece}}]}, None
+        )
 
     def finish(self, reason: str, input_tokens: int, output_tokens: int) -> bytes:
         out = self._chunk({}, reason)
@@ -167,32 +203,56 @@ class AnthropicRender(Render):
         }
         return (
             self._event("message_start", _dumps({"type": "message_start", "message": message}))
-            + self._event(
-                "content_block_start",
-                '{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}',
-            )
             + self.ping()
         )
 
-    def delta(self, text: str) -> bytes:
+    def _start(self, index: int, block: dict[str, Any]) -> bytes:
+        payload = {"type": "content_block_start", "index": index, "content_block": block}
+        return self._event("content_block_start", _dumps(payload))
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
+        payload = {"type": "content_block_delta", "index": index, "delta": delta}
+        return self._event("content_block_delta", _dumps(payload))
+
+    def text_start(self, index: int) -> bytes:
+        return self._start(index, {"type": "text", "text": ""})
+
+    def delta(self, text: str, index: int = 0) -> bytes:
         return self._event(
             "content_block_delta",
-            '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
-            + _dumps(text)
-            + "}}",
+            f'{{"type":"content_block_delta","index":{index},'
+            '"delta":{"type":"text_delta","text":' + _dumps(text) + "}}",
         )
 
+    def thinking_start(self, index: int) -> bytes:
+        return self._start(index, {"type": "thinking", "thinking": "", "signature": ""})
+
+    def reasoning(self, text: str, index: int) -> bytes:
+        return self._delta(index, {"type": "thinking_delta", "thinking": text})
+
+    def signature(self, index: int, signature: str) -> bytes:
+        return self._delta(index, {"type": "signature_delta", "signature": signature})
+
+    def tool_start(self, index: int, call: int, call_id: str, name: str) -> bytes:
+        return self._start(index, {"type": "tool_use", "id": call_id, "name": name, "input": {}})
+
+    def tool_args(self, index: int, call: int, piece: str) -> bytes:
+        return self._delta(index, {"type": "input_json_delta", "partial_json": piece})
+
+    def block_stop(self, index: int) -> bytes:
+        return self._event("content_block_stop", f'{{"type":"content_block_stop","index":{index}}}')
+
     def finish(self, reason: str, input_tokens: int, output_tokens: int) -> bytes:
-        stop = {"stop": "end_turn", "length": "max_tokens"}.get(reason, reason)
+        stop = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}.get(
+            reason, reason
+        )
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": stop, "stop_sequence": None},
             "usage": {"output_tokens": output_tokens},
         }
-        return (
-            self._event("content_block_stop", '{"type":"content_block_stop","index":0}')
-            + self._event("message_delta", _dumps(delta))
-            + self._event("message_stop", '{"type":"message_stop"}')
+        return self._event("message_delta", _dumps(delta)) + self._event(
+            "message_stop", '{"type":"message_stop"}'
         )
 
     def in_band_error(self, kind: str, error_type: str | None, message: str | None) -> bytes:

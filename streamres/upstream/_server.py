@@ -24,7 +24,15 @@ import anyio.abc
 import anyio.from_thread
 import h11
 
-from ._answers import InstructBehaviour, PrefillBehaviour, answer_for, plan_reply, split_tokens
+from ._answers import (
+    InstructBehaviour,
+    PrefillBehaviour,
+    Reply,
+    answer_for,
+    plan_reply,
+    sign,
+    split_tokens,
+)
 from ._faults import Fault, FaultPlan
 from ._render import AnthropicRender, OpenAIRender, Render
 
@@ -62,19 +70,58 @@ class RecordedRequest:
     tokens: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """One piece of a response body: its bytes, the tokens it streams, whether it is a delta
+    (fault positions count deltas), and the content block it belongs to."""
+
+    data: bytes
+    tokens: int = 0
+    delta: bool = False
+    block: int = 0
+
+
+def _script(render: Render, reply: Reply) -> list[_Item]:
+    """Everything a reply streams between the message start and the finish, in order."""
+    items: list[_Item] = []
+    block = 0
+    if reply.thinking:
+        items.append(_Item(render.thinking_start(block), block=block))
+        items += [
+            _Item(render.reasoning(p, block), n, True, block)
+            for p, n in split_tokens(reply.thinking)
+        ]
+        items.append(_Item(render.signature(block, sign(reply.thinking)), block=block))
+        items.append(_Item(render.block_stop(block), block=block))
+        block += 1
+    items.append(_Item(render.text_start(block), block=block))
+    items += [_Item(render.delta(p, block), n, True, block) for p, n in split_tokens(reply.text)]
+    items.append(_Item(render.block_stop(block), block=block))
+    for call, (call_id, name, arguments) in enumerate(reply.tool_calls):
+        block += 1
+        items.append(_Item(render.tool_start(block, call, call_id, name), block=block))
+        items += [
+            _Item(render.tool_args(block, call, arguments[i : i + 12]), 1, True, block)
+            for i in range(0, len(arguments), 12)
+        ]
+        items.append(_Item(render.block_stop(block), block=block))
+    return items
+
+
 def _render_clean(
-    render: Render, pieces: tuple[tuple[str, int], ...], max_tokens: int | None, input_tokens: int
+    render: Render, reply: Reply, max_tokens: int | None, input_tokens: int
 ) -> tuple[bytes, int]:
     """A whole fault-free body, and the tokens it streams."""
     parts = [render.start(input_tokens)]
     tokens = 0
-    finish = "stop"
-    for piece, n in pieces:
-        if max_tokens is not None and tokens + n > max_tokens:
+    finish = "tool_calls" if reply.tool_calls else "stop"
+    for item in _script(render, reply):
+        if max_tokens is not None and tokens + item.tokens > max_tokens:
+            parts.append(render.block_stop(item.block))
             finish = "length"
             break
-        parts.append(render.delta(piece))
-        tokens += n
+        parts.append(item.data)
+        tokens += item.tokens
     parts.append(render.finish(finish, input_tokens, tokens))
     return b"".join(parts), tokens
 
@@ -381,7 +428,6 @@ class Upstream:
             return
 
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-        pieces = split_tokens(reply.text)
         input_tokens = sum(len(str(m.get("content", ""))) for m in messages) // 4 + 1
         delay = spec.token_delay if spec.token_delay is not None else self.token_delay
         self._enter(model)
@@ -403,11 +449,11 @@ class Upstream:
                 return
             if fault.kind == "ok" and delay <= 0:
                 # Fault-free and as fast as possible (benchmarks): render once, then only send.
-                key = (provider, model, render.include_usage, reply.text, max_tokens)
+                key = (provider, model, render.include_usage, reply, max_tokens)
                 cached = self._bodies.get(key)
                 if cached is None:
                     cached = self._bodies[key] = _render_clean(
-                        render, pieces, max_tokens, input_tokens
+                        render, reply, max_tokens, input_tokens
                     )
                     while len(self._bodies) > 8:
                         self._bodies.pop(next(iter(self._bodies)))
@@ -418,7 +464,7 @@ class Upstream:
                 await stream.send(conn.send(h11.EndOfMessage()))
                 return
             await self._stream_body(
-                conn, stream, render, pieces, fault, max_tokens, input_tokens, delay, record
+                conn, stream, render, reply, fault, max_tokens, input_tokens, delay, record
             )
         finally:
             self._leave(model)
@@ -438,7 +484,7 @@ class Upstream:
         conn: h11.Connection,
         stream: anyio.abc.SocketStream,
         render: Render,
-        pieces: tuple[tuple[str, int], ...],
+        reply: Reply,
         fault: Fault,
         max_tokens: int | None,
         input_tokens: int,
@@ -453,16 +499,20 @@ class Upstream:
                 buf.clear()
 
         midstream = fault.kind not in ("ok", "status", "at-capacity", "empty")
-        tokens = 0
-        finish = "stop"
-        for emitted, (piece, n) in enumerate(pieces):
-            if midstream and emitted >= fault.after:
+        emitted = tokens = 0  # deltas (what fault positions count) and tokens
+        finish = "tool_calls" if reply.tool_calls else "stop"
+        for item in _script(render, reply):
+            if item.delta and midstream and emitted >= fault.after:
                 break
-            if max_tokens is not None and tokens + n > max_tokens:
+            if max_tokens is not None and tokens + item.tokens > max_tokens:
+                buf += render.block_stop(item.block)
                 finish = "length"
                 break
-            buf += render.delta(piece)
-            tokens += n
+            buf += item.data
+            if not item.delta:
+                continue
+            emitted += 1
+            tokens += item.tokens
             record.tokens = tokens
             if delay > 0:
                 await flush()
