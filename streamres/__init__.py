@@ -31,6 +31,9 @@ from ._events import (
     RetryEvent,
     StatusEvent,
     TextEvent,
+    ThinkingEvent,
+    ToolCall,
+    ToolCallEvent,
     Usage,
 )
 from ._metrics import Health, ModelMetrics
@@ -59,6 +62,9 @@ __all__ = [
     "StatusEvent",
     "StreamError",
     "TextEvent",
+    "ThinkingEvent",
+    "ToolCall",
+    "ToolCallEvent",
     "Usage",
     "stream_resilient",
 ]

@@ -28,6 +28,9 @@ PUBLIC = {
     "StatusEvent",
     "StreamError",
     "TextEvent",
+    "ThinkingEvent",
+    "ToolCall",
+    "ToolCallEvent",
     "Usage",
     "stream_resilient",
 }
