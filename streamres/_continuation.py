@@ -69,6 +69,8 @@ def choose(
         return "instruct"  # with thinking on, an assistant turn cannot be prefilled
     if requested in ("prefill", "prefix", "instruct"):
         return requested  # type: ignore[return-value]
+    if provider == "openai-responses":
+        return "instruct"  # the Responses API always starts a new turn
     if provider == "anthropic":
         return "prefill"
     host = base_url.lower()

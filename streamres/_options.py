@@ -20,6 +20,7 @@ __all__ = ["Options", "check_options", "resolve_route"]
 
 _DEFAULTS = {
     "openai": ("OPENAI_BASE_URL", "https://api.openai.com/v1", "OPENAI_API_KEY"),
+    "openai-responses": ("OPENAI_BASE_URL", "https://api.openai.com/v1", "OPENAI_API_KEY"),
     "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
 }
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -51,7 +52,9 @@ class Options:
 def resolve_route(route: Route) -> Route:
     """Fill a route's base URL and key from the environment, and check them."""
     if route.provider not in _DEFAULTS:
-        raise _bad(f"provider must be 'openai' or 'anthropic', not {route.provider!r}")
+        raise _bad(
+            f"provider must be 'openai', 'anthropic' or 'openai-responses', not {route.provider!r}"
+        )
     if not isinstance(route.model, str) or not route.model:
         raise _bad(f"a model name must be a non-empty string, not {route.model!r}")
     env_url, official, env_key = _DEFAULTS[route.provider]

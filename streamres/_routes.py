@@ -23,7 +23,7 @@ class Route:
     """
 
     model: str
-    provider: Literal["openai", "anthropic"] = "openai"
+    provider: Literal["openai", "anthropic", "openai-responses"] = "openai"
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
     #: Unique name in a client (metrics, ``model=`` selection); defaults to ``model``.

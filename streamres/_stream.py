@@ -24,7 +24,7 @@ import anyio
 import httpx
 import structlog
 
-from . import _anthropic, _openai
+from . import _anthropic, _openai, _responses
 from ._backoff import Backoff
 from ._classify import Failure, classify_response, failure
 from ._continuation import Strategy, build_continuation, choose
@@ -63,11 +63,12 @@ __all__ = ["ResilientStream", "stream_resilient"]
 
 log = structlog.get_logger("streamres")
 
-Provider = Literal["openai", "anthropic"]
+Provider = Literal["openai", "anthropic", "openai-responses"]
 
 _PROVIDERS: dict[str, tuple[Callable[..., HttpRequest], type[StreamDecoder]]] = {
     "openai": (_openai.build_request, _openai.OpenAIDecoder),
     "anthropic": (_anthropic.build_request, _anthropic.AnthropicDecoder),
+    "openai-responses": (_responses.build_request, _responses.ResponsesDecoder),
 }
 _ERROR_BODY_LIMIT = 64 * 1024
 _LOG_EVENT = {
@@ -232,6 +233,8 @@ class _Answer:
         self.tool_calls: tuple[ToolCall, ...] = ()
         #: Complete signed thinking blocks of the answer so far (sent back on resume).
         self.signed_thinking: list[dict[str, Any]] = []
+        #: A background Responses API response to re-attach to: (route, id, last sequence).
+        self.replay: tuple[int, str, int] | None = None
         self.start = anyio.current_time()
         self.t_end = self.start + opts.deadline
 
@@ -291,7 +294,12 @@ class _Answer:
             reason=last.kind if last else None,
         )
 
-    def strategy(self) -> Strategy:
+    def replaying(self) -> bool:
+        return self.replay is not None and self.replay[0] == self.index
+
+    def strategy(self) -> Strategy | Literal["replay"]:
+        if self.replaying():
+            return "replay"
         route = self.route
         assert route.base_url is not None
         if (route.base_url, route.model) in _prefill_refused:
@@ -309,10 +317,22 @@ class _Answer:
             # bound one uninterrupted stream.
             budget = _anthropic.DEFAULT_MAX_TOKENS
         messages, extra, dedup = opts.messages, opts.extra_body, None
+        if self.replay is not None and self.replaying():
+            # The server kept generating: re-attach and get exactly what was missed.
+            _, response_id, after = self.replay
+            req = _responses.replay_request(
+                base_url=route.base_url,
+                api_key=route.api_key,
+                response_id=response_id,
+                after=after,
+                extra_headers=opts.headers,
+            )
+            return req, None, budget
         if self.chars:
             if budget is not None:
                 budget -= await self.tokens()
             strategy = self.strategy()
+            assert strategy != "replay"
             cont = build_continuation(
                 opts.messages,
                 self.text,
@@ -516,10 +536,10 @@ async def _run(
                 )
                 try:
                     request = client.build_request(
-                        "POST",
+                        req.method,
                         req.url,
                         headers=req.headers,
-                        json=req.body,
+                        json=req.body if req.method == "POST" else None,
                         timeout=httpx.Timeout(None, connect=min(opts.stall_timeout, 10.0)),
                     )
                 except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
@@ -633,6 +653,18 @@ async def _run(
                                 await body_iter.aclose()  # type: ignore[attr-defined]
                             await response.aclose()
                 ans.add_usage(decoder)
+                replayed = ans.replaying()
+                if isinstance(decoder, _responses.ResponsesDecoder):
+                    response_id = decoder.response_id or (
+                        ans.replay[1] if replayed and ans.replay else None
+                    )
+                    background = decoder.background or bool(opts.extra_body.get("background"))
+                    if response_id and background and decoder.sequence is not None:
+                        ans.replay = (index, response_id, decoder.sequence)
+                if replayed and fail is not None and fail.kind == "permanent":
+                    # The server cannot replay (expired, not stored): continue the usual way.
+                    ans.replay = None
+                    fail = failure("transient", f"re-attaching failed ({fail.message})")
                 if not ans.signed_thinking:
                     ans.signed_thinking = list(decoder.signed_thinking)
                 seconds = now() - started

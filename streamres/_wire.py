@@ -20,11 +20,12 @@ __all__ = ["HttpRequest", "PartialCall", "StreamDecoder", "normalise_finish"]
 
 @dataclass(frozen=True, slots=True)
 class HttpRequest:
-    """One streaming POST, ready for any HTTP client."""
+    """One streaming request (a POST, or a GET re-attaching to a response), for any client."""
 
     url: str
     headers: dict[str, str]
     body: dict[str, Any] = field(default_factory=dict)
+    method: str = "POST"
 
 
 _FINISH = {

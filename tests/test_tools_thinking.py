@@ -18,7 +18,9 @@ OPENAI_TOOLS = [
     {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
     for n in ("write_file", "notify")
 ]
-ANTHROPIC_TOOLS = [{"name": n, "input_schema": {"type": "object"}} for n in ("write_file", "notify")]
+ANTHROPIC_TOOLS = [
+    {"name": n, "input_schema": {"type": "object"}} for n in ("write_file", "notify")
+]
 
 
 def tools(provider: str, n: int = 1) -> list[dict[str, Any]]:
@@ -54,7 +56,9 @@ async def test_fault_inside_tool_arguments(provider: str, into_args: int) -> Non
         assert calls[0].name == "write_file"
         assert json.loads(calls[0].arguments)["path"].startswith("notes/")
         assert text == up.answer(USER)
-        assert done.tool_calls == (streamres.ToolCall(calls[0].id, calls[0].name, calls[0].arguments),)
+        assert done.tool_calls == (
+            streamres.ToolCall(calls[0].id, calls[0].name, calls[0].arguments),
+        )
         assert done.finish_reason == "tool_calls"
         assert done.resumes == 1
         first_request_tools = up.requests[0].body["tools"]

@@ -177,9 +177,10 @@ def _check_history(
         content = m.get("content")
         if provider == "anthropic" and isinstance(content, list):
             for block in content:
-                if isinstance(block, dict) and block.get("type") == "thinking":
-                    if block.get("signature") != sign(str(block.get("thinking", ""))):
-                        return ("invalid_request_error", "Invalid `signature` in `thinking` block")
+                if not (isinstance(block, dict) and block.get("type") == "thinking"):
+                    continue
+                if block.get("signature") != sign(str(block.get("thinking", ""))):
+                    return ("invalid_request_error", "Invalid `signature` in `thinking` block")
     if (
         thinking
         and provider == "anthropic"

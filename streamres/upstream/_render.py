@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-__all__ = ["AnthropicRender", "OpenAIRender", "Render"]
+__all__ = ["AnthropicRender", "OpenAIRender", "Render", "ResponsesRender"]
 
 
 def _dumps(obj: Any) -> str:
@@ -264,3 +264,122 @@ class AnthropicRender(Render):
 
     def ping(self) -> bytes:
         return self._event("ping", '{"type": "ping"}')
+
+
+class ResponsesRender(Render):
+    """OpenAI Responses API events. Every event is numbered (``sequence_number``) and kept in
+    ``log`` so that a background response can be replayed from any point."""
+
+    def __init__(self, model: str, *, background: bool = False) -> None:
+        super().__init__(model)
+        self.id = "resp_" + uuid.uuid4().hex[:24]
+        self.item = "msg_" + uuid.uuid4().hex[:24]
+        self.background = background
+        self.seq = 0
+        self.text: list[str] = []
+        #: (sequence_number, bytes, is a text delta) of every event rendered.
+        self.log: list[tuple[int, bytes, bool]] = []
+
+    def _event(self, payload: dict[str, Any], *, delta: bool = False) -> bytes:
+        payload["sequence_number"] = self.seq
+        data = f"event: {payload['type']}\ndata: {_dumps(payload)}\n\n".encode()
+        self.log.append((self.seq, data, delta))
+        self.seq += 1
+        return data
+
+    def _response(self, status: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": status,
+            "background": self.background,
+            "model": self.model,
+            "output": [],
+            **extra,
+        }
+
+    def error_body(self, status: int, error_type: str | None, message: str | None) -> bytes:
+        return OpenAIRender(self.model).error_body(status, error_type, message)
+
+    def start(self, input_tokens: int) -> bytes:
+        return self._event(
+            {"type": "response.created", "response": self._response("in_progress")}
+        ) + self._event({"type": "response.in_progress", "response": self._response("in_progress")})
+
+    def text_start(self, index: int) -> bytes:
+        item = {"id": self.item, "type": "message", "role": "assistant", "content": []}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return self._event(
+            {"type": "response.output_item.added", "output_index": 0, "item": item}
+        ) + self._event(
+            {
+                "type": "response.content_part.added",
+                "item_id": self.item,
+                "output_index": 0,
+                "content_index": 0,
+                "part": part,
+            }
+        )
+
+    def delta(self, text: str, index: int = 0) -> bytes:
+        self.text.append(text)
+        return self._event(
+            {
+                "type": "response.output_text.delta",
+                "item_id": self.item,
+                "output_index": 0,
+                "content_index": 0,
+                "delta": text,
+                "logprobs": [],
+            },
+            delta=True,
+        )
+
+    def block_stop(self, index: int) -> bytes:
+        text = "".join(self.text)
+        where = {"item_id": self.item, "output_index": 0, "content_index": 0}
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {"id": self.item, "type": "message", "role": "assistant", "content": [part]}
+        return (
+            self._event({"type": "response.output_text.done", **where, "text": text})
+            + self._event({"type": "response.content_part.done", **where, "part": part})
+            + self._event({"type": "response.output_item.done", "output_index": 0, "item": item})
+        )
+
+    def finish(self, reason: str, input_tokens: int, output_tokens: int) -> bytes:
+        usage = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        }
+        if reason == "length":
+            details = {"reason": "max_output_tokens"}
+            response = self._response("incomplete", usage=usage, incomplete_details=details)
+            return self._event({"type": "response.incomplete", "response": response})
+        response = self._response("completed", usage=usage)
+        return self._event({"type": "response.completed", "response": response})
+
+    def in_band_error(self, kind: str, error_type: str | None, message: str | None) -> bytes:
+        error = {
+            "code": error_type or "server_is_overloaded",
+            "message": message or "The server is overloaded. Please try again later.",
+        }
+        return self._event(
+            {"type": "response.failed", "response": self._response("failed", error=error)}
+        )
+
+    def terminator_without_finish(self) -> bytes:
+        return b""  # the Responses API has no terminator of its own: this is a truncation
+
+    def ping(self) -> bytes:
+        return b": keep-alive\n\n"
+
+    def reasoning(self, text: str, index: int) -> bytes:
+        raise NotImplementedError("the embedded upstream streams no reasoning on /v1/responses")
+
+    def tool_start(self, index: int, call: int, call_id: str, name: str) -> bytes:
+        raise NotImplementedError("the embedded upstream makes no tool calls on /v1/responses")
+
+    def tool_args(self, index: int, call: int, piece: str) -> bytes:
+        raise NotImplementedError("the embedded upstream makes no tool calls on /v1/responses")

@@ -34,7 +34,7 @@ from ._answers import (
     split_tokens,
 )
 from ._faults import Fault, FaultPlan
-from ._render import AnthropicRender, OpenAIRender, Render
+from ._render import AnthropicRender, OpenAIRender, Render, ResponsesRender
 
 __all__ = ["ModelSpec", "RecordedRequest", "Upstream"]
 
@@ -126,6 +126,20 @@ def _render_clean(
     return b"".join(parts), tokens
 
 
+def _input_messages(items: Any) -> list[dict[str, Any]]:
+    """The Responses API's ``input`` (a string, or message items) as chat messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages = []
+    for item in items or ():
+        if isinstance(item, dict) and "role" in item:
+            content = item.get("content", "")
+            if isinstance(content, list):
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            messages.append({"role": item["role"], "content": content})
+    return messages
+
+
 class _Reset(Exception):
     """Drop the connection abruptly (RST), as a crashed server would."""
 
@@ -176,6 +190,8 @@ class Upstream:
         self._counters = _Counters()
         self._idle: anyio.Event | None = None
         self._bodies: dict[tuple[Any, ...], tuple[bytes, int]] = {}
+        #: Background responses of /v1/responses, by id: every event, for replays.
+        self._stored: dict[str, list[tuple[int, bytes, bool]]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
 
@@ -332,11 +348,20 @@ class Upstream:
                 spec.faults = plan
             await self._send_simple(conn, stream, 200, b'{"ok":true}')
             return
-        provider: Literal["openai", "anthropic"]
+        provider: Literal["openai", "anthropic", "responses"]
+        if req.method == b"GET" and "/responses/" in path:
+            query = dict(
+                p.partition("=")[::2]
+                for p in req.target.decode("latin-1").partition("?")[2].split("&")
+            )
+            await self._replay(conn, stream, path, headers, path.rsplit("/", 1)[1], query)
+            return
         if path.endswith("/chat/completions"):
             provider = "openai"
         elif path.endswith("/messages"):
             provider = "anthropic"
+        elif path.endswith("/responses"):
+            provider = "responses"
         else:
             await self._send_simple(conn, stream, 404, b'{"error":{"message":"not found"}}')
             return
@@ -346,7 +371,7 @@ class Upstream:
         self,
         conn: h11.Connection,
         stream: anyio.abc.SocketStream,
-        provider: Literal["openai", "anthropic"],
+        provider: Literal["openai", "anthropic", "responses"],
         path: str,
         headers: dict[str, str],
         body: dict[str, Any],
@@ -358,14 +383,14 @@ class Upstream:
         fault = plan.next()
         record = RecordedRequest(path, headers, body, model, str(fault), at=time.monotonic())
         self.requests.append(record)
-        render: Render = (
-            OpenAIRender(
-                model,
-                include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
-            )
-            if provider == "openai"
-            else AnthropicRender(model)
-        )
+        render: Render
+        if provider == "openai":
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            render = OpenAIRender(model, include_usage=usage)
+        elif provider == "anthropic":
+            render = AnthropicRender(model)
+        else:
+            render = ResponsesRender(model, background=bool(body.get("background")))
 
         async def refuse(
             status: int,
@@ -379,6 +404,9 @@ class Upstream:
             )
 
         messages = list(body.get("messages") or [])
+        if provider == "responses":
+            messages = _input_messages(body.get("input"))
+            body = {k: v for k, v in body.items() if k not in ("tools", "reasoning")}
         if provider == "anthropic" and body.get("system"):
             messages.insert(0, {"role": "system", "content": body["system"]})
         if not messages or (provider == "anthropic" and "max_tokens" not in body):
@@ -416,7 +444,7 @@ class Upstream:
 
         reply = plan_reply(
             messages,
-            provider=provider,
+            provider="anthropic" if provider == "anthropic" else "openai",
             body=body,
             prefill=spec.prefill or self.prefill,
             instruct=spec.instruct or self.instruct,
@@ -427,7 +455,9 @@ class Upstream:
             await refuse(400, *reply.rejection)
             return
 
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        max_tokens = body.get(
+            "max_tokens", body.get("max_completion_tokens", body.get("max_output_tokens"))
+        )
         input_tokens = sum(len(str(m.get("content", ""))) for m in messages) // 4 + 1
         delay = spec.token_delay if spec.token_delay is not None else self.token_delay
         self._enter(model)
@@ -446,6 +476,13 @@ class Upstream:
             )
             if fault.kind == "empty":
                 await stream.send(conn.send(h11.EndOfMessage()))
+                return
+            if isinstance(render, ResponsesRender) and render.background:
+                # A background response is generated whole, whatever happens to this stream,
+                # and kept for re-attaching.
+                _, record.tokens = _render_clean(render, reply, max_tokens, input_tokens)
+                self._stored[render.id] = list(render.log)
+                await self._play(conn, stream, render.log, fault, delay, render)
                 return
             if fault.kind == "ok" and delay <= 0:
                 # Fault-free and as fast as possible (benchmarks): render once, then only send.
@@ -468,6 +505,80 @@ class Upstream:
             )
         finally:
             self._leave(model)
+
+    async def _replay(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        path: str,
+        headers: dict[str, str],
+        response_id: str,
+        query: dict[str, str],
+    ) -> None:
+        """``GET /v1/responses/{id}?stream=true&starting_after=N``: the events after N."""
+        override = headers.get("x-upstream-fault")
+        fault = (FaultPlan(override) if override else self.faults).next()
+        record = RecordedRequest(path, headers, dict(query), "", str(fault), at=time.monotonic())
+        self.requests.append(record)
+        render = ResponsesRender("")
+        events = self._stored.get(response_id)
+        status = fault.status if fault.kind == "status" else 200
+        if events is None or status != 200:
+            record.status = status if events is not None else 404
+            message = None if events is not None else f"Response with id '{response_id}' not found."
+            await self._send_simple(
+                conn, stream, record.status, render.error_body(record.status, None, message)
+            )
+            return
+        after = int(query.get("starting_after", "-1") or -1)
+        await stream.send(
+            conn.send(
+                h11.Response(
+                    status_code=200,
+                    headers=[
+                        ("content-type", "text/event-stream; charset=utf-8"),
+                        ("transfer-encoding", "chunked"),
+                    ],
+                )
+            )
+        )
+        await self._play(conn, stream, [e for e in events if e[0] > after], fault, 0.0, render)
+
+    async def _play(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        events: list[tuple[int, bytes, bool]],
+        fault: Fault,
+        delay: float,
+        render: Render,
+    ) -> None:
+        """Send stored events, with a mid-stream fault after ``fault.after`` text deltas."""
+        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty")
+        deltas = 0
+        for _, data, is_delta in events:
+            if is_delta:
+                if midstream and deltas >= fault.after:
+                    break
+                deltas += 1
+            await stream.send(conn.send(h11.Data(data=data)))
+            if is_delta and delay > 0:
+                await anyio.sleep(delay)
+        else:
+            await stream.send(conn.send(h11.EndOfMessage()))
+            return
+        if fault.kind in ("error", "error-openrouter"):
+            await stream.send(
+                conn.send(h11.Data(data=render.in_band_error(fault.kind, None, None)))
+            )
+        elif fault.kind == "stall":
+            until = anyio.current_time() + self.stall_seconds
+            while anyio.current_time() < until:
+                await anyio.sleep(self.ping_interval)
+                await stream.send(conn.send(h11.Data(data=render.ping())))
+        if fault.kind in ("reset", "stall"):
+            raise _Reset
+        await stream.send(conn.send(h11.EndOfMessage()))
 
     def _enter(self, model: str) -> None:
         c = self._counters

@@ -1,0 +1,108 @@
+"""OpenAI Responses API streaming (``provider="openai-responses"``, ``POST /v1/responses``).
+
+Events: ``response.created``, ``response.output_text.delta``, ``response.completed`` /
+``response.incomplete``, and failures as ``response.failed`` (``server_is_overloaded``,
+"Selected model is at capacity…") or an ``error`` event. Every event carries a
+``sequence_number``. A response created with ``background: true`` (and ``store: true``) keeps
+generating on the server when the connection drops; it is resumed by re-attaching with
+``GET /v1/responses/{id}?stream=true&starting_after=<sequence_number>``: the server replays
+what was missed, exactly, and nothing is generated twice.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._classify import classify_error_object
+from ._wire import HttpRequest, StreamDecoder
+
+__all__ = ["ResponsesDecoder", "build_request", "replay_request"]
+
+
+def _headers(api_key: str | None, extra: dict[str, str]) -> dict[str, str]:
+    headers = {"content-type": "application/json", "accept": "text/event-stream"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    headers.update(extra)
+    return headers
+
+
+def build_request(
+    *,
+    base_url: str,
+    api_key: str | None,
+    model: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int | None,
+    extra_body: dict[str, Any],
+    extra_headers: dict[str, str],
+) -> HttpRequest:
+    """``POST /responses`` with the conversation as input messages."""
+    body: dict[str, Any] = {"model": model, "input": messages, "stream": True}
+    if max_tokens is not None:
+        body["max_output_tokens"] = max_tokens
+    body.update(extra_body)
+    return HttpRequest(
+        url=base_url.rstrip("/") + "/responses",
+        headers=_headers(api_key, extra_headers),
+        body=body,
+    )
+
+
+def replay_request(
+    *,
+    base_url: str,
+    api_key: str | None,
+    response_id: str,
+    after: int,
+    extra_headers: dict[str, str],
+) -> HttpRequest:
+    """Re-attach to a background response, asking for the events after ``after``."""
+    url = f"{base_url.rstrip('/')}/responses/{response_id}?stream=true&starting_after={after}"
+    return HttpRequest(url=url, headers=_headers(api_key, extra_headers), body={}, method="GET")
+
+
+class ResponsesDecoder(StreamDecoder):
+    """Responses API events -> text; see :class:`~streamres._wire.StreamDecoder`."""
+
+    __slots__ = ("background", "response_id", "sequence")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.response_id: str | None = None
+        self.background = False
+        #: The last sequence_number seen: where a replay starts after.
+        self.sequence: int | None = None
+
+    def feed(self, name: str, data: bytes) -> str:
+        try:
+            event = json.loads(data.decode())
+        except ValueError:
+            return self._malformed(data)
+        if type(event) is not dict:
+            return self._malformed(data)
+        seq = event.get("sequence_number")
+        if isinstance(seq, int):
+            self.sequence = seq
+        kind = event.get("type") or name
+        if kind == "response.output_text.delta":
+            return str(event.get("delta", ""))
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            self.side.append(("thinking", str(event.get("delta", ""))))
+            return ""
+        response = event.get("response") or {}
+        if kind in ("response.created", "response.in_progress", "response.queued"):
+            self.response_id = response.get("id") or self.response_id
+            self.background = bool(response.get("background")) or self.background
+        elif kind in ("response.completed", "response.incomplete"):
+            usage = response.get("usage") or {}
+            self.input_tokens = usage.get("input_tokens", self.input_tokens)
+            self.output_tokens = usage.get("output_tokens", self.output_tokens)
+            self.finish_reason = "stop" if kind == "response.completed" else "length"
+            self.terminal = True
+        elif kind == "response.failed":
+            self.error = classify_error_object(response.get("error") or {})
+        elif kind == "error":
+            self.error = classify_error_object(event.get("error") or event)
+        return ""
