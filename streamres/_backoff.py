@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Backoff"]
+__all__ = ["Backoff", "after_hint"]
+
+
+def after_hint(hint: float, rand: float) -> float:
+    """A server's wait hint plus positive jitter: never sooner, and not all at the same instant."""
+    return hint + rand * (0.1 + 0.1 * hint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,5 +60,5 @@ class Backoff:
         """Seconds to wait; ``rand`` is a uniform draw from [0, 1)."""
         wait = self.ceiling(failures) * rand
         if hint is not None:
-            wait = max(wait, hint + rand * (0.1 + 0.1 * hint))
+            wait = max(wait, after_hint(hint, rand))
         return wait

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -17,6 +16,7 @@ import anyio
 import structlog
 
 import streamres
+from streamres.chat import DEFAULT_MODELS, real_target
 from streamres.upstream import PRESETS, FaultPlan, Upstream
 
 __all__ = ["main"]
@@ -38,35 +38,15 @@ def _faults(spec: str) -> FaultPlan:
     return FaultPlan(PRESETS.get(spec, spec))
 
 
-def _real_target(args: argparse.Namespace) -> dict[str, Any] | None:
-    """Where to send the question, if not to the embedded upstream."""
-    if args.embedded:
-        return None
-    provider = args.provider
-    if args.base_url or args.api_key:
-        return {
-            "provider": provider or "openai",
-            "base_url": args.base_url,
-            "api_key": args.api_key,
-        }
-    if provider in (None, "openai") and (
-        os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")
-    ):
-        return {"provider": "openai", "base_url": None, "api_key": None}
-    if provider in (None, "anthropic") and os.environ.get("ANTHROPIC_API_KEY"):
-        return {"provider": "anthropic", "base_url": None, "api_key": None}
-    return None
-
-
 @contextlib.asynccontextmanager
 async def _target(
     args: argparse.Namespace,
 ) -> AsyncIterator[tuple[dict[str, Any], Upstream | None]]:
-    real = _real_target(args)
+    real = real_target(args)
     if real is not None:
-        default_model = "claude-sonnet-4-5" if real["provider"] == "anthropic" else "gpt-4o-mini"
-        real["model"] = args.model or [default_model]
-        yield real, None
+        provider, base_url, api_key = real
+        model = args.model or [DEFAULT_MODELS[provider]]
+        yield {"provider": provider, "base_url": base_url, "api_key": api_key, "model": model}, None
         return
     provider = args.provider or "openai"
     async with Upstream(

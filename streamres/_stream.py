@@ -25,7 +25,7 @@ import httpx
 import structlog
 
 from . import _anthropic, _openai, _responses
-from ._backoff import Backoff
+from ._backoff import Backoff, after_hint
 from ._classify import Failure, classify_response, failure
 from ._continuation import Strategy, build_continuation, choose
 from ._dedup import Deduplicator
@@ -482,7 +482,7 @@ async def _run(
             # -- a shared cool-down (another stream got Retry-After) and the retry budget ----
             wait = fleet.cooldown_left(index, now())
             if wait > 0:
-                wait += opts.rng.random() * (0.1 + 0.1 * wait)
+                wait = after_hint(wait, opts.rng.random())
             while True:
                 if attempt > 1:
                     budget_wait = fleet.budget.wait(now())

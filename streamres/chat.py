@@ -466,6 +466,27 @@ async def _read_line(prompt: str, screen: Screen) -> str | None:
     return None if line == "" else line.rstrip("\n")
 
 
+DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5"}
+
+
+def real_target(
+    args: argparse.Namespace,
+) -> tuple[Literal["openai", "anthropic"], str | None, str | None] | None:
+    """``(provider, base_url, api_key)`` of the real service the flags or the environment
+    point at, or ``None`` for the embedded upstream (also used by ``streamres ask``)."""
+    if args.embedded:
+        return None
+    if args.base_url or args.api_key:
+        return (args.provider or "openai", args.base_url, args.api_key)
+    if args.provider in (None, "openai") and (
+        os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")
+    ):
+        return ("openai", None, None)
+    if args.provider in (None, "anthropic") and os.environ.get("ANTHROPIC_API_KEY"):
+        return ("anthropic", None, None)
+    return None
+
+
 def _embedded_faults(spec: str, seed: int) -> tuple[FaultPlan, FaultPlan, str]:
     """Fault plans for the two demo models; the default storm shows a retry, a resume and a
     fallback in the first answer, then keeps a sustained, lighter storm going."""
@@ -496,20 +517,10 @@ async def _client(
     args: argparse.Namespace,
 ) -> AsyncIterator[tuple[streamres.Client, Upstream | None, str]]:
     routes: list[streamres.Route] = []
-    provider: Literal["openai", "anthropic"] = args.provider or (
-        "anthropic"
-        if os.environ.get("ANTHROPIC_API_KEY") and not os.environ.get("OPENAI_API_KEY")
-        else "openai"
-    )
-    real = not args.embedded and (
-        args.base_url
-        or args.api_key
-        or os.environ.get("OPENAI_API_KEY")
-        or os.environ.get("OPENAI_BASE_URL")
-        or os.environ.get("ANTHROPIC_API_KEY")
-    )
+    real = real_target(args)
+    provider: Literal["openai", "anthropic"] = real[0] if real else (args.provider or "openai")
     if real:
-        default = "claude-sonnet-4-5" if provider == "anthropic" else "gpt-4o-mini"
+        default = DEFAULT_MODELS[provider]
         for i, name in enumerate(args.model or [default]):
             routes.append(
                 streamres.Route(
@@ -642,13 +653,7 @@ def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, configure: Callable[[], None] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.stall_timeout is None:
-        real = (
-            args.base_url
-            or args.api_key
-            or os.environ.get("OPENAI_API_KEY")
-            or os.environ.get("ANTHROPIC_API_KEY")
-        )
-        args.stall_timeout = 30.0 if real and not args.embedded else 3.0
+        args.stall_timeout = 30.0 if real_target(args) else 3.0
     if configure is not None:
         configure()
     try:

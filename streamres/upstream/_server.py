@@ -567,18 +567,7 @@ class Upstream:
         else:
             await stream.send(conn.send(h11.EndOfMessage()))
             return
-        if fault.kind in ("error", "error-openrouter"):
-            await stream.send(
-                conn.send(h11.Data(data=render.in_band_error(fault.kind, None, None)))
-            )
-        elif fault.kind == "stall":
-            until = anyio.current_time() + self.stall_seconds
-            while anyio.current_time() < until:
-                await anyio.sleep(self.ping_interval)
-                await stream.send(conn.send(h11.Data(data=render.ping())))
-        if fault.kind in ("reset", "stall"):
-            raise _Reset
-        await stream.send(conn.send(h11.EndOfMessage()))
+        await self._end_with_fault(conn, stream, render, fault)
 
     def _enter(self, model: str) -> None:
         c = self._counters
@@ -635,29 +624,28 @@ class Upstream:
             await flush()
             await stream.send(conn.send(h11.EndOfMessage()))
             return
+        await flush()
+        await self._end_with_fault(conn, stream, render, fault)
+
+    async def _end_with_fault(
+        self, conn: h11.Connection, stream: anyio.abc.SocketStream, render: Render, fault: Fault
+    ) -> None:
+        """End a response the way ``fault`` says, once its deltas have been sent."""
         kind = fault.kind
+        tail = b""
         if kind in ("error", "error-openrouter"):
-            buf += render.in_band_error(kind, fault.error_type, fault.message)
-            await flush()
-            await stream.send(conn.send(h11.EndOfMessage()))
+            tail = render.in_band_error(kind, fault.error_type, fault.message)
         elif kind == "malformed":
-            buf += render.malformed()
-            await flush()
-            await stream.send(conn.send(h11.EndOfMessage()))
-        elif kind == "truncate":
-            await flush()
-            await stream.send(conn.send(h11.EndOfMessage()))
+            tail = render.malformed()
         elif kind == "done-no-finish":
-            buf += render.terminator_without_finish()
-            await flush()
-            await stream.send(conn.send(h11.EndOfMessage()))
+            tail = render.terminator_without_finish()
         elif kind == "stall":
-            await flush()
             until = anyio.current_time() + self.stall_seconds
             while anyio.current_time() < until:
                 await anyio.sleep(self.ping_interval)
                 await stream.send(conn.send(h11.Data(data=render.ping())))
+        if kind in ("reset", "stall"):
             raise _Reset
-        else:  # reset
-            await flush()
-            raise _Reset
+        if tail:
+            await stream.send(conn.send(h11.Data(data=tail)))
+        await stream.send(conn.send(h11.EndOfMessage()))  # truncate: a clean end, no terminator
