@@ -479,46 +479,51 @@ async def _run(
                 )
             attempt += 1
             index, route = ans.index, ans.route
-            # -- a shared cool-down (another stream got Retry-After) and the retry budget ----
-            wait = fleet.cooldown_left(index, now())
-            if wait > 0:
-                wait = after_hint(wait, opts.rng.random())
-            while True:
-                if attempt > 1:
-                    budget_wait = fleet.budget.wait(now())
-                    if budget_wait > 0:
-                        log.info("streamres.retry_budget_spent", model=route.key, wait=budget_wait)
-                        # Jitter, so the streams queued on the budget do not wake together.
-                        wait = max(wait, budget_wait * (1 + 0.2 * opts.rng.random()))
+            # The breaker let this attempt through (in half-open: as the one probe). Until the
+            # outcome is recorded, leaving by any path must give that back: "acquired" frees
+            # the probe, "started" also takes the request off the in-flight count.
+            books: Literal["acquired", "started", "recorded"] = "acquired"
+            slot = False
+            try:
+                # -- a shared cool-down (another stream got Retry-After), the retry budget ---
+                wait = fleet.cooldown_left(index, now())
                 if wait > 0:
-                    if now() + wait >= ans.t_end:
-                        fleet.release(index)
+                    wait = after_hint(wait, opts.rng.random())
+                while True:
+                    if attempt > 1:
+                        budget_wait = fleet.budget.wait(now())
+                        if budget_wait > 0:
+                            log.info(
+                                "streamres.retry_budget_spent", model=route.key, wait=budget_wait
+                            )
+                            # Jitter, so the streams queued on the budget do not wake together.
+                            wait = max(wait, budget_wait * (1 + 0.2 * opts.rng.random()))
+                    if wait > 0:
+                        if now() + wait >= ans.t_end:
+                            raise ans.error(
+                                DeadlineExceeded,
+                                f"{route.model} is cooling down or the retry budget is spent; "
+                                f"the next request would come after the deadline",
+                                fail,
+                            )
+                        await anyio.sleep(wait)
+                        wait = 0.0
+                    if attempt == 1:
+                        fleet.budget.deposit(now())
+                        break
+                    if fleet.budget.withdraw(now()):
+                        break
+                # -- a slot under the route's and the account's concurrency limits ----------
+                if limits is not None:
+                    slot = await limits.acquire(route, ans.t_end - now())
+                    if not slot:
                         raise ans.error(
                             DeadlineExceeded,
-                            f"{route.model} is cooling down or the retry budget is spent; "
-                            f"the next request would come after the deadline",
+                            f"no free slot on {route.model} (max_in_flight) before the deadline",
                             fail,
                         )
-                    await anyio.sleep(wait)
-                    wait = 0.0
-                if attempt == 1:
-                    fleet.budget.deposit(now())
-                    break
-                if fleet.budget.withdraw(now()):
-                    break
-            # -- a slot under the route's and the account's concurrency limits --------------
-            if limits is not None and not await limits.acquire(route, ans.t_end - now()):
-                fleet.release(index)
-                raise ans.error(
-                    DeadlineExceeded,
-                    f"no free slot on {route.model} (max_in_flight) before the deadline",
-                    fail,
-                )
-            in_flight = False  # started on the fleet's books, outcome not yet recorded
-            try:
                 req, dedup, budget = await ans.request()
                 if budget is not None and budget <= 0:
-                    fleet.release(index)
                     yield await ans.done("length")
                     return
                 _, decoder_cls = _PROVIDERS[route.provider]
@@ -530,7 +535,7 @@ async def _run(
                 tokens_before = ans.ledger.tokens if ans.ledger is not None else 0
                 fail = None
                 fleet.started(index, resume=bool(ans.chars))
-                in_flight = True
+                books = "started"
                 log.debug(
                     "streamres.attempt_started", model=route.key, attempt=attempt, url=req.url
                 )
@@ -696,16 +701,18 @@ async def _run(
                             model=route.key,
                             seconds=round(fail.retry_after, 3),
                         )
-                in_flight = False
+                books = "recorded"
                 if attempt == 1 and fail is None and ans.output_tokens is not None:
                     delivered = ans.output_tokens
                 else:
                     delivered = (await ans.tokens() - tokens_before) if added else 0
                 fleet.tokens(index, delivered=delivered, wasted=await ans.count(dropped))
             finally:
-                if limits is not None:
+                if slot and limits is not None:
                     limits.release(route)
-                if in_flight:  # cancelled, or an error raised mid-attempt
+                if books == "acquired":
+                    fleet.release(index)
+                elif books == "started":  # cancelled, or an error raised mid-attempt
                     fleet.abandoned(index)
 
             dedup_fields: dict[str, Any] = {}

@@ -201,3 +201,20 @@ async def test_client_misuse_is_explained() -> None:
             client.stream(USER, model="x")
     with pytest.raises(streamres.InvalidRequest, match="unique"):
         Client(routes * 2)
+
+
+async def test_cancelled_probe_is_given_back() -> None:
+    """A stream cancelled while holding the half-open probe (waiting out a cool-down) frees it:
+    the next stream can still get through."""
+    async with Upstream(faults="503:retry-after=1") as up:
+        routes = [Route("m", base_url=up.openai_url, api_key="k")]
+        async with Client(routes, backoff=FAST, breaker_threshold=1, breaker_recovery=0.1) as c:
+            with pytest.raises(streamres.DeadlineExceeded):
+                await collect(c.stream(USER, deadline=0.5))  # opens the circuit, sets a cool-down
+            await anyio.sleep(0.15)  # the recovery time passes: the next request is the probe
+            with anyio.move_on_after(0.1):
+                await collect(c.stream(USER))  # takes the probe, waits out the cool-down…
+            assert c.metrics()["m"].breaker == "half_open"
+            text, _, done = await collect(c.stream(USER, deadline=5))
+        assert text == up.answer(USER)
+        assert done.model == "m"
