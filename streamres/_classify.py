@@ -21,6 +21,7 @@ truncated          stream ended without its terminal event                     y
 malformed          a chunk that is not the JSON the protocol promises          yes
 prefill_rejected   400 saying assistant prefill is unsupported                 yes, instruct
 permanent          other 4xx: bad request, auth, not found, quota              no
+deadline           the overall deadline ran out (not the model's fault)        no time left
 =================  ==========================================================  ===========
 """
 
@@ -52,6 +53,7 @@ FailureKind = Literal[
     "malformed",
     "prefill_rejected",
     "permanent",
+    "deadline",
 ]
 
 

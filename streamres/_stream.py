@@ -564,7 +564,7 @@ async def _run(
                     ) from exc
                 if response is None and fail is None:
                     fail = (
-                        failure("stall", "no response headers before the deadline")
+                        failure("deadline", "no response headers before the deadline")
                         if now() >= ans.t_end
                         else failure("stall", f"no response within {opts.stall_timeout:g} s")
                     )
@@ -602,7 +602,7 @@ async def _run(
                                 if scope.cancelled_caught:
                                     t = now()
                                     if t >= ans.t_end:
-                                        fail = failure("stall", "the deadline passed mid-stream")
+                                        fail = failure("deadline", "the deadline passed mid-stream")
                                         break
                                     if dedup is not None and release is not None and t >= release:
                                         text = dedup.poll(now=t)
@@ -622,17 +622,16 @@ async def _run(
                                         pieces.append(piece)
                                     if decoder.error is not None or decoder.terminal:
                                         break
+                                calls: tuple[ToolCall, ...] = ()
                                 if decoder.side:
+                                    # Reasoning comes before the text it leads to; tool calls
+                                    # end the turn, so they go after this read's text.
                                     for kind, value in decoder.side:
                                         if kind == "thinking":
                                             ans.thinking.append(value)
                                             yield ThinkingEvent(value)
                                         else:
-                                            ans.tool_calls = value
-                                            for call in value:
-                                                yield ToolCallEvent(
-                                                    call.id, call.name, call.arguments
-                                                )
+                                            calls = value
                                     decoder.side.clear()
                                 if pieces:
                                     t = now()
@@ -645,6 +644,10 @@ async def _run(
                                     if text:
                                         ans.deliver(text)
                                         yield TextEvent(text)
+                                if calls:
+                                    ans.tool_calls = calls
+                                    for call in calls:
+                                        yield ToolCallEvent(call.id, call.name, call.arguments)
                                 if decoder.error is not None or decoder.terminal or eof:
                                     fail = decoder.end_failure()
                                     if not eof:
@@ -670,8 +673,6 @@ async def _run(
                     # The server cannot replay (expired, not stored): continue the usual way.
                     ans.replay = None
                     fail = failure("transient", f"re-attaching failed ({fail.message})")
-                if not ans.signed_thinking:
-                    ans.signed_thinking = list(decoder.signed_thinking)
                 seconds = now() - started
                 ttft = first_content - started if first_content is not None else None
                 dropped = ""
@@ -686,6 +687,9 @@ async def _run(
                     ans.wasted += dropped
                     ans.deduplicated += len(dedup.stats.dropped)
                 added = ans.chars - chars_before
+                if added and not ans.signed_thinking:
+                    # The signed blocks that led to the first text shown: sent back on resume.
+                    ans.signed_thinking = list(decoder.signed_thinking)
                 if fail is None:
                     _log_breaker(route, fleet.succeeded(index, now(), ttft=ttft, latency=seconds))
                 else:

@@ -116,6 +116,7 @@ class StreamDecoder:
         calls = tuple(c for c in done if c is not None)
         self.calls = {}
         if len(calls) != len(done):
+            self.finish_reason = None  # the turn is not complete
             self.error = failure(
                 "malformed", "a tool call's arguments did not arrive whole; asking again"
             )
@@ -123,11 +124,15 @@ class StreamDecoder:
         self.side.append(("tool_calls", calls))
 
     def end_failure(self) -> Failure | None:
-        """At the end of the body: ``None`` if the answer is complete, else why not."""
-        if self.error is not None:
-            return self.error
+        """At the end of the body: ``None`` if the answer is complete, else why not.
+
+        A finish reason wins over anything after it: the turn was complete (and its tool calls
+        already handed over), so a stray error after it must not start the turn again.
+        """
         if self.finish_reason is not None:
             return None
+        if self.error is not None:
+            return self.error
         if self.terminal:
             return failure(
                 "truncated", "the stream sent its terminator without a finish reason (cut short)"

@@ -54,6 +54,8 @@ async def test_fault_inside_tool_arguments(provider: str, into_args: int) -> Non
         calls = [e for e in events if e.type == "tool_call"]
         assert len(calls) == 1
         assert calls[0].name == "write_file"
+        kinds = [e.type for e in events]
+        assert kinds.index("tool_call") > max(i for i, k in enumerate(kinds) if k == "text")
         assert json.loads(calls[0].arguments)["path"].startswith("notes/")
         assert text == up.answer(USER)
         assert done.tool_calls == (

@@ -253,3 +253,28 @@ def test_fast_path_never_hides_errors_or_usage() -> None:
         == "x"
     )
     assert dec.finish_reason == "stop"
+
+
+def test_an_error_after_the_finish_does_not_undo_the_turn() -> None:
+    """A stray error after the finish reason: the answer was complete."""
+    dec = _openai.OpenAIDecoder()
+    decode(
+        dec,
+        OPENAI_OK.replace(
+            b"data: [DONE]", b'data: {"error": {"message": "late", "type": "server_error"}}'
+        ),
+    )
+    assert dec.end_failure() is None
+
+
+def test_incomplete_tool_call_at_finish_is_a_failure() -> None:
+    """A turn that ends with a call whose arguments do not parse is not complete."""
+    dec = _openai.OpenAIDecoder()
+    body = (
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write_file","arguments":"{\\"pa"}}]},"finish_reason":null}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n'
+    )
+    decode(dec, body)
+    failure = dec.end_failure()
+    assert failure is not None and failure.kind == "malformed"
+    assert not dec.side
