@@ -218,3 +218,20 @@ async def test_cancelled_probe_is_given_back() -> None:
             text, _, done = await collect(c.stream(USER, deadline=5))
         assert text == up.answer(USER)
         assert done.model == "m"
+
+
+async def test_account_limit_is_shared_by_its_routes() -> None:
+    """Two models on one account with a quota of 3: never more than 3 streams in flight."""
+    async with Upstream(max_in_flight=100, token_delay=0.002) as up:
+        routes = [Route(m, base_url=up.openai_url, api_key="k", account="acct") for m in ("a", "b")]
+        async with Client(routes, backoff=FAST, account_limits={"acct": 3}) as client:
+
+            async def one(model: str) -> None:
+                text, _, _ = await collect(client.stream(USER, model=model, fallback=False))
+                assert text == up.answer(USER)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(10):
+                    tg.start_soon(one, "ab"[i % 2])
+        assert up.peak_in_flight() == 3
+        assert {r.model for r in up.requests} == {"a", "b"}
