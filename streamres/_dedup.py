@@ -62,7 +62,7 @@ _OPENERS = (
     "...",
     "…",
 )
-_PREAMBLE_WINDOW = 80
+_PREAMBLE_WINDOW = 48
 
 
 @dataclass(slots=True)
@@ -115,10 +115,6 @@ class Deduplicator:
         self._last_k = -1
         self.resolved = not delivered
         self.stats = DedupStats()
-
-    @property
-    def holding(self) -> bool:
-        return not self.resolved and bool(self._raw or self._held)
 
     @property
     def release_at(self) -> float | None:
@@ -192,8 +188,13 @@ class Deduplicator:
             self._raw = ""
             return raw[match.end() :]
         head = raw.lstrip().lower()
-        plausible = len(raw) < _PREAMBLE_WINDOW and any(
-            o.startswith(head) or head.startswith(o) for o in _OPENERS
+        # Still possibly a preamble: short, opening like one, and not past a preamble's end
+        # (a colon, stop or dash with text after it that the pattern did not take).
+        ended = any(c in raw.rstrip() for c in ":.…—-\n") and not match
+        plausible = (
+            len(raw) < _PREAMBLE_WINDOW
+            and not ended
+            and any(o.startswith(head) or head.startswith(o) for o in _OPENERS)
         )
         if plausible:
             return ""

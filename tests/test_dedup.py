@@ -150,3 +150,10 @@ def test_prefill_joins_exactly(d: str, new: str, cuts: list[int], strip: int) ->
 def test_preambles(preamble: str) -> None:
     """Common continuation preambles are removed."""
     assert run(D, [preamble + "Next part."]) == "Next part."
+
+
+def test_text_opening_like_a_preamble_is_released_early() -> None:
+    """'Here. …' is not a preamble: it passes as soon as that is clear, not after 48 chars."""
+    dd = Deduplicator(D, mode="instruct")
+    assert dd.feed("Here", now=0.0) == ""
+    assert dd.feed(". Next", now=0.0) == "Here. Next"
