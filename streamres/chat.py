@@ -441,7 +441,7 @@ async def _cancel_on_sigint(scope: anyio.CancelScope) -> None:
             return
 
 
-async def _read_line(prompt: str, screen: Screen) -> str | None:
+async def _read_line(prompt: str, screen: Screen, hint_text: str) -> str | None:
     """The next input line (None at end of input). Ctrl-C at the prompt only shows a hint."""
     screen.out.write(prompt)
     screen.out.flush()
@@ -457,7 +457,7 @@ async def _read_line(prompt: str, screen: Screen) -> str | None:
         async def hint() -> None:
             with anyio.open_signal_receiver(signal.SIGINT) as signals:
                 async for _ in signals:
-                    screen.out.write(f"\n{_TEXT['en']['ctrl_c_prompt']}\n{prompt}")
+                    screen.out.write(f"\n{hint_text}\n{prompt}")
                     screen.out.flush()
 
         tg.start_soon(read)
@@ -589,7 +589,7 @@ async def run(args: argparse.Namespace) -> int:
             screen.note(session.words("target_real", models=names))
         last_question: str | None = None
         while True:
-            line = await _read_line("you> ", screen)
+            line = await _read_line("you> ", screen, session.words("ctrl_c_prompt"))
             if line is None:
                 screen.note(f"\n{session.words('bye')}")
                 return 0
