@@ -16,7 +16,7 @@ import anyio
 import structlog
 
 import streamres
-from streamres.chat import DEFAULT_MODELS, real_target
+from streamres.chat import DEFAULT_MODELS, add_target_arguments, real_target
 from streamres.upstream import PRESETS, FaultPlan, Upstream
 
 __all__ = ["main"]
@@ -152,21 +152,7 @@ def _parser() -> argparse.ArgumentParser:
         "ask", help="stream one answer (offline against the embedded upstream by default)"
     )
     ask.add_argument("question")
-    ask.add_argument("--provider", choices=["openai", "anthropic"])
-    ask.add_argument("--base-url")
-    ask.add_argument("--api-key")
-    ask.add_argument("--model", action="append", help="model name; repeat for a fallback chain")
-    ask.add_argument(
-        "--embedded", action="store_true", help="use the embedded upstream even if API keys are set"
-    )
-    ask.add_argument(
-        "--faults", default="storm", help="embedded upstream faults: none, light, storm or a plan"
-    )
-    ask.add_argument(
-        "--token-delay", type=float, default=0.015, help="embedded upstream seconds per token"
-    )
-    ask.add_argument("--words", type=int, default=120, help="embedded upstream answer length")
-    ask.add_argument("--deadline", type=float, default=120.0)
+    add_target_arguments(ask, token_delay=0.015)
     ask.add_argument("--stall-timeout", type=float, default=2.0)
     ask.add_argument("--max-tokens", type=int)
 

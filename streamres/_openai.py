@@ -16,7 +16,16 @@ from typing import Any
 from ._classify import classify_error_object
 from ._wire import HttpRequest, PartialCall, StreamDecoder, normalise_finish
 
-__all__ = ["OpenAIDecoder", "build_request"]
+__all__ = ["OpenAIDecoder", "build_request", "headers"]
+
+
+def headers(api_key: str | None, extra: dict[str, str]) -> dict[str, str]:
+    """OpenAI's headers (``Authorization: Bearer``), for Chat Completions and Responses."""
+    out = {"content-type": "application/json", "accept": "text/event-stream"}
+    if api_key:
+        out["authorization"] = f"Bearer {api_key}"
+    out.update(extra)
+    return out
 
 
 def build_request(
@@ -30,10 +39,6 @@ def build_request(
     extra_headers: dict[str, str],
 ) -> HttpRequest:
     """The POST the official SDK would send for ``stream=True``."""
-    headers = {"content-type": "application/json", "accept": "text/event-stream"}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
-    headers.update(extra_headers)
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -46,7 +51,11 @@ def build_request(
         field = "max_completion_tokens" if "api.openai.com" in base_url else "max_tokens"
         body[field] = max_tokens
     body.update(extra_body)
-    return HttpRequest(url=base_url.rstrip("/") + "/chat/completions", headers=headers, body=body)
+    return HttpRequest(
+        url=base_url.rstrip("/") + "/chat/completions",
+        headers=headers(api_key, extra_headers),
+        body=body,
+    )
 
 
 # A plain content chunk as OpenAI (and servers copying it) write it. Recognising it and reading

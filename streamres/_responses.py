@@ -15,17 +15,10 @@ import json
 from typing import Any
 
 from ._classify import classify_error_object
+from ._openai import headers
 from ._wire import HttpRequest, StreamDecoder
 
 __all__ = ["ResponsesDecoder", "build_request", "replay_request"]
-
-
-def _headers(api_key: str | None, extra: dict[str, str]) -> dict[str, str]:
-    headers = {"content-type": "application/json", "accept": "text/event-stream"}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
-    headers.update(extra)
-    return headers
 
 
 def build_request(
@@ -45,7 +38,7 @@ def build_request(
     body.update(extra_body)
     return HttpRequest(
         url=base_url.rstrip("/") + "/responses",
-        headers=_headers(api_key, extra_headers),
+        headers=headers(api_key, extra_headers),
         body=body,
     )
 
@@ -60,7 +53,7 @@ def replay_request(
 ) -> HttpRequest:
     """Re-attach to a background response, asking for the events after ``after``."""
     url = f"{base_url.rstrip('/')}/responses/{response_id}?stream=true&starting_after={after}"
-    return HttpRequest(url=url, headers=_headers(api_key, extra_headers), body={}, method="GET")
+    return HttpRequest(url=url, headers=headers(api_key, extra_headers), body={}, method="GET")
 
 
 class ResponsesDecoder(StreamDecoder):

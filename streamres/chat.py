@@ -615,8 +615,8 @@ async def run(args: argparse.Namespace) -> int:
             await session.answer(line)
 
 
-def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0] if __doc__ else "")
+def add_target_arguments(p: argparse.ArgumentParser, *, token_delay: float) -> None:
+    """Where answers come from: a real service, or the embedded upstream and its faults."""
     p.add_argument("--provider", choices=["openai", "anthropic"])
     p.add_argument("--base-url")
     p.add_argument("--api-key")
@@ -627,6 +627,19 @@ def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:
     p.add_argument(
         "--faults", default="storm", help="none, light, storm, or a plan such as 529,reset@40"
     )
+    p.add_argument(
+        "--token-delay",
+        type=float,
+        default=token_delay,
+        help="embedded upstream seconds per token",
+    )
+    p.add_argument("--words", type=int, default=120, help="embedded upstream answer length")
+    p.add_argument("--deadline", type=float, default=120.0)
+
+
+def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0] if __doc__ else "")
+    add_target_arguments(p, token_delay=0.02)
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--once", metavar="QUESTION", help="answer one question and exit")
     p.add_argument(
@@ -635,12 +648,7 @@ def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:
         default="auto",
         help="auto: Markdown styles and an in-place status line on a terminal",
     )
-    p.add_argument(
-        "--token-delay", type=float, default=0.02, help="embedded upstream seconds per token"
-    )
-    p.add_argument("--words", type=int, default=120, help="embedded upstream answer length")
     p.add_argument("--seed", type=int, default=7, help="embedded fault storm seed")
-    p.add_argument("--deadline", type=float, default=120.0)
     p.add_argument(
         "--stall-timeout",
         type=float,
