@@ -16,7 +16,7 @@ from typing import Any
 
 from ._classify import classify_error_object
 from ._openai import headers
-from ._wire import HttpRequest, StreamDecoder
+from ._wire import HttpRequest, PartialCall, StreamDecoder
 
 __all__ = ["ResponsesDecoder", "build_request", "replay_request"]
 
@@ -84,6 +84,9 @@ class ResponsesDecoder(StreamDecoder):
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             self.side.append(("thinking", str(event.get("delta", ""))))
             return ""
+        if kind.startswith(("response.output_item.", "response.function_call_arguments.")):
+            self._function_call(kind, event)
+            return ""
         response = event.get("response") or {}
         if kind in ("response.created", "response.in_progress", "response.queued"):
             self.response_id = response.get("id") or self.response_id
@@ -94,8 +97,31 @@ class ResponsesDecoder(StreamDecoder):
             self.output_tokens = usage.get("output_tokens", self.output_tokens)
             self.finish_reason = "stop" if kind == "response.completed" else "length"
             self.terminal = True
+            if self.calls and kind == "response.completed":
+                self.finish_reason = "tool_calls"
+                self._finish_calls()
         elif kind == "response.failed":
             self.error = classify_error_object(response.get("error") or {})
         elif kind == "error":
             self.error = classify_error_object(event.get("error") or event)
         return ""
+
+    def _function_call(self, kind: str, event: dict[str, Any]) -> None:
+        """Function calls: an output item each, arguments streamed, whole at ``.done``."""
+        index = event.get("output_index", 0)
+        item = event.get("item") or {}
+        if kind == "response.output_item.added" and item.get("type") == "function_call":
+            call = PartialCall(
+                id=str(item.get("call_id", "")), name=str(item.get("name", "")), requires_close=True
+            )
+            if item.get("arguments"):
+                call.arguments.append(str(item["arguments"]))
+            self.calls[index] = call
+        elif index in self.calls:
+            call = self.calls[index]
+            if kind == "response.function_call_arguments.delta":
+                call.arguments.append(str(event.get("delta", "")))
+            elif kind == "response.function_call_arguments.done":
+                call.arguments = [str(event.get("arguments", ""))]
+            elif kind == "response.output_item.done":
+                call.closed = True

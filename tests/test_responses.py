@@ -81,3 +81,24 @@ async def test_selected_model_at_capacity_switches_model() -> None:
         assert text == up.answer(USER)
         assert done.model == "small"
         assert [e.type for e in events if e.type not in ("text", "done")] == ["fallback"]
+
+
+RESPONSES_TOOLS = [
+    {"type": "function", "name": n, "parameters": {"type": "object"}}
+    for n in ("write_file", "notify")
+]
+
+
+@pytest.mark.parametrize("n_tools", [1, 2])
+async def test_function_calls_cut_mid_arguments(upstream: Upstream, n_tools: int) -> None:
+    """A Responses stream cut inside a function call's arguments: whole calls, once each."""
+    from streamres.upstream import split_tokens
+
+    upstream.faults.push(f"reset@{len(split_tokens(upstream.answer(USER))) + 4}")
+    text, events, done = await collect(stream(upstream, tools=RESPONSES_TOOLS[:n_tools]))
+    calls = [e for e in events if e.type == "tool_call"]
+    assert [c.name for c in calls] == ["write_file", "notify"][:n_tools]
+    assert all(c.id.startswith("call_") for c in calls)
+    assert text == upstream.answer(USER)
+    assert done.finish_reason == "tool_calls"
+    assert len(done.tool_calls) == n_tools

@@ -277,6 +277,9 @@ class ResponsesRender(Render):
         self.background = background
         self.seq = 0
         self.text: list[str] = []
+        #: Function-call items being streamed, and their argument pieces, by output index.
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.args: dict[int, list[str]] = {}
         #: (sequence_number, bytes, is a text delta) of every event rendered.
         self.log: list[tuple[int, bytes, bool]] = []
 
@@ -337,6 +340,19 @@ class ResponsesRender(Render):
         )
 
     def block_stop(self, index: int) -> bytes:
+        call = self.calls.pop(index, None)
+        if call is not None:
+            item = {**call, "arguments": "".join(self.args.pop(index, [])), "status": "completed"}
+            return self._event(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": call["id"],
+                    "output_index": index,
+                    "arguments": item["arguments"],
+                }
+            ) + self._event(
+                {"type": "response.output_item.done", "output_index": index, "item": item}
+            )
         text = "".join(self.text)
         where = {"item_id": self.item, "output_index": 0, "content_index": 0}
         part = {"type": "output_text", "text": text, "annotations": []}
@@ -345,6 +361,32 @@ class ResponsesRender(Render):
             self._event({"type": "response.output_text.done", **where, "text": text})
             + self._event({"type": "response.content_part.done", **where, "part": part})
             + self._event({"type": "response.output_item.done", "output_index": 0, "item": item})
+        )
+
+    def tool_start(self, index: int, call: int, call_id: str, name: str) -> bytes:
+        item = {
+            "id": "fc_" + uuid.uuid4().hex[:24],
+            "type": "function_call",
+            "call_id": call_id,
+            "name": name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        self.calls[index] = item
+        return self._event(
+            {"type": "response.output_item.added", "output_index": index, "item": item}
+        )
+
+    def tool_args(self, index: int, call: int, piece: str) -> bytes:
+        self.args.setdefault(index, []).append(piece)
+        return self._event(
+            {
+                "type": "response.function_call_arguments.delta",
+                "item_id": self.calls[index]["id"],
+                "output_index": index,
+                "delta": piece,
+            },
+            delta=True,
         )
 
     def finish(self, reason: str, input_tokens: int, output_tokens: int) -> bytes:
@@ -377,9 +419,3 @@ class ResponsesRender(Render):
 
     def reasoning(self, text: str, index: int) -> bytes:
         raise NotImplementedError("the embedded upstream streams no reasoning on /v1/responses")
-
-    def tool_start(self, index: int, call: int, call_id: str, name: str) -> bytes:
-        raise NotImplementedError("the embedded upstream makes no tool calls on /v1/responses")
-
-    def tool_args(self, index: int, call: int, piece: str) -> bytes:
-        raise NotImplementedError("the embedded upstream makes no tool calls on /v1/responses")

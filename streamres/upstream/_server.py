@@ -406,7 +406,7 @@ class Upstream:
         messages = list(body.get("messages") or [])
         if provider == "responses":
             messages = _input_messages(body.get("input"))
-            body = {k: v for k, v in body.items() if k not in ("tools", "reasoning")}
+            body = {k: v for k, v in body.items() if k != "reasoning"}
         if provider == "anthropic" and body.get("system"):
             messages.insert(0, {"role": "system", "content": body["system"]})
         if not messages or (provider == "anthropic" and "max_tokens" not in body):
