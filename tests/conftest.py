@@ -8,11 +8,19 @@ from typing import Any
 import pytest
 
 import streamres
+from streamres._tokens import counter_for
 from streamres.upstream import Upstream
 
 #: Backoff for tests: real waits, but short ones.
 FAST = streamres.Backoff(initial=0.01, multiplier=2.0, maximum=0.05)
 USER = [{"role": "user", "content": "Explain TCP slow start."}]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _token_encoding_loaded() -> None:
+    """Load the tiktoken encoding once up front (~0.2 s, once per process), so that no test's
+    timing depends on whether it happened to be the first to count tokens."""
+    counter_for("m")
 
 
 @pytest.fixture(params=["asyncio", "trio"])
