@@ -16,9 +16,10 @@ Strategies:
     continue exactly where it stopped. The model may repeat a little; the de-duplicator
     removes it.
 
-``auto`` picks ``prefill`` for Anthropic, ``prefix`` for DeepSeek and Mistral hosts, and
-``instruct`` for every other OpenAI-compatible server. A model that answers
-"prefill not supported" is switched to ``instruct`` (the shell remembers it).
+``auto`` picks ``prefill`` for Anthropic, ``prefix`` for Mistral and DeepSeek's ``/beta``
+endpoint, and ``instruct`` for every other OpenAI-compatible server. A model that answers
+"prefill not supported" — or any 400 to a prefill/prefix continuation after the first request
+was accepted — is switched to ``instruct`` (the shell remembers it).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def choose(
     if provider == "anthropic":
         return "prefill"
     host = base_url.lower()
-    if "deepseek" in host or "mistral" in host:
+    # DeepSeek takes "prefix" on its beta endpoint only; Mistral on its main API.
+    if ("deepseek" in host and "/beta" in host) or "mistral" in host:
         return "prefix"
     return "instruct"
 

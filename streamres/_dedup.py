@@ -103,7 +103,7 @@ class Deduplicator:
         """``stripped``: how many trailing characters of ``delivered`` the prefill left out
         (Anthropic rejects a prefill ending in whitespace)."""
         self._d = delivered
-        self._mode = mode
+        self.mode = mode
         self._stripped = stripped
         self._min_overlap = min_overlap
         self._commit = commit_chars
@@ -204,7 +204,7 @@ class Deduplicator:
 
     def _starts(self) -> tuple[int, ...] | None:
         """Allowed alignments of the head in ``D`` (None: anywhere)."""
-        if self._mode == "prefill":
+        if self.mode == "prefill":
             return (0, len(self._d) - self._stripped)
         return None
 

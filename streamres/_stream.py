@@ -669,6 +669,18 @@ async def _run(
                     background = decoder.background or bool(opts.extra_body.get("background"))
                     if response_id and background and decoder.sequence is not None:
                         ans.replay = (index, response_id, decoder.sequence)
+                if (
+                    fail is not None
+                    and fail.kind == "permanent"
+                    and fail.status_code == 400
+                    and dedup is not None
+                    and dedup.mode == "prefill"
+                ):
+                    # The first request was accepted, so a 400 now is about the continuation's
+                    # shape (a prefill this server refuses): try the instruct strategy.
+                    fail = Failure(
+                        "prefill_rejected", fail.message, 400, fail.error_type, fail.retry_after
+                    )
                 if replayed and fail is not None and fail.kind == "permanent":
                     # The server cannot replay (expired, not stored): continue the usual way.
                     ans.replay = None

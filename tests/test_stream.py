@@ -390,3 +390,15 @@ async def test_anthropic_default_max_tokens_bounds_the_whole_answer(upstream: Up
     first, second = (r.body["max_tokens"] for r in upstream.requests)
     assert first == 4096
     assert second == 4096 - resume.tokens_so_far
+
+
+async def test_400_to_a_prefill_continuation_falls_back_to_instruct(upstream: Upstream) -> None:
+    """The first request was accepted, so a 400 to the prefill continuation means the server
+    refuses prefill: the answer goes on with the instruct strategy instead of failing."""
+    _stream._prefill_refused.clear()
+    upstream.faults.push("reset@20,400")
+    text, _, _ = await collect(stream(upstream, continuation="prefill"))
+    assert text == upstream.answer(USER)
+    assert [r.status for r in upstream.requests] == [200, 400, 200]
+    assert upstream.requests[2].body["messages"][-1]["content"] == streamres.CONTINUE_INSTRUCTION
+    _stream._prefill_refused.clear()

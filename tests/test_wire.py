@@ -198,9 +198,11 @@ def test_continuation_shapes() -> None:
 
 
 def test_auto_strategy() -> None:
-    """auto: prefill for Anthropic, prefix for DeepSeek/Mistral, instruct for the rest."""
+    """auto: prefill for Anthropic, prefix for Mistral and DeepSeek's beta, instruct for the rest."""
     assert choose("anthropic", "https://api.anthropic.com", "auto") == "prefill"
     assert choose("openai", "https://api.deepseek.com/beta", "auto") == "prefix"
+    assert choose("openai", "https://api.deepseek.com", "auto") == "instruct"
+    assert choose("openai", "https://api.mistral.ai/v1", "auto") == "prefix"
     assert choose("openai", "https://api.openai.com/v1", "auto") == "instruct"
     assert choose("openai", "http://vllm:8000/v1", "prefill") == "prefill"
 
