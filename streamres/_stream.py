@@ -1,11 +1,13 @@
 """The I/O shell: ``stream_resilient()``.
 
-This is the only module that opens HTTP streams, sleeps and reads clocks. Every decision is
-delegated to the pure core: SSE decoding (``_sse``), provider events (``_openai``,
-``_anthropic``), classification (``_classify``), what to do next (``_policy``), continuation
-requests (``_continuation``), overlap removal (``_dedup``) and the token ledger (``_tokens``).
+This is the only module that opens HTTP streams, sleeps and reads clocks (with ``_limits``,
+which waits for concurrency slots). Every decision is delegated to the pure core: SSE decoding
+(``_sse``), provider events (``_openai``, ``_anthropic``, ``_responses``), classification
+(``_classify``), what to do next (``_policy``), continuation requests (``_continuation``),
+overlap removal (``_dedup``), the token ledger (``_tokens``), and the state shared by a
+client's streams — breakers, weights, cool-downs, retry budget, metrics (``_fleet``).
 
-The deadline is an absolute time fixed at the first call; every await (connect, each read,
+The deadline is an absolute time fixed when iteration starts; every await (connect, each read,
 each backoff) is bounded by it with a cancel scope around *that await only*: a cancel scope
 must never span a ``yield`` of an async generator. Reads are also bounded by the stall timer,
 which only content resets (keep-alive comments and pings do not).
