@@ -108,6 +108,7 @@ class AnthropicDecoder(StreamDecoder):
             dtype = delta.get("type")
             if dtype == "text_delta":
                 return str(delta.get("text", ""))
+            self.generating = True
             if dtype == "input_json_delta" and index in self.calls:
                 self.calls[index].arguments.append(str(delta.get("partial_json", "")))
             elif dtype == "thinking_delta" and index in self._thinking:

@@ -107,6 +107,7 @@ class OpenAIDecoder(StreamDecoder):
         if reasoning and isinstance(reasoning, str):
             self.side.append(("thinking", reasoning))
         for call in delta.get("tool_calls") or ():
+            self.generating = True
             partial = self.calls.setdefault(call.get("index", 0), PartialCall())
             partial.id = call.get("id") or partial.id
             function = call.get("function") or {}

@@ -120,6 +120,7 @@ class ResponsesDecoder(StreamDecoder):
         elif index in self.calls:
             call = self.calls[index]
             if kind == "response.function_call_arguments.delta":
+                self.generating = True
                 call.arguments.append(str(event.get("delta", "")))
             elif kind == "response.function_call_arguments.done":
                 call.arguments = [str(event.get("arguments", ""))]

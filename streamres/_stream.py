@@ -625,6 +625,9 @@ async def _run(
                                     if decoder.error is not None or decoder.terminal:
                                         break
                                 calls: tuple[ToolCall, ...] = ()
+                                if decoder.side or decoder.generating:
+                                    last_content = now()  # reasoning or arguments: working
+                                    decoder.generating = False
                                 if decoder.side:
                                     # Reasoning comes before the text it leads to; tool calls
                                     # end the turn, so they go after this read's text.

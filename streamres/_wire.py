@@ -81,6 +81,7 @@ class StreamDecoder:
         "calls",
         "error",
         "finish_reason",
+        "generating",
         "input_tokens",
         "output_tokens",
         "side",
@@ -95,6 +96,9 @@ class StreamDecoder:
         self.side: list[tuple[str, Any]] = []
         #: Complete, signed thinking blocks (Anthropic), to send back byte for byte on resume.
         self.signed_thinking: list[dict[str, Any]] = []
+        #: Set when the model produced something other than text (reasoning, tool-call
+        #: arguments): the model is working, so the stall timer restarts. The shell clears it.
+        self.generating = False
         #: Normalised finish reason, once the model said it finished.
         self.finish_reason: str | None = None
         #: The protocol's terminal event arrived (``[DONE]``, ``message_stop``).

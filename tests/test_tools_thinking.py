@@ -125,3 +125,11 @@ async def test_reasoning_content_is_streamed_apart_and_never_sent_back() -> None
         assert [e for e in events if e.type == "thinking"]
         assert all(r.status == 200 for r in up.requests)
         assert done.thinking
+
+
+async def test_long_thinking_is_not_a_stall() -> None:
+    """Reasoning that streams longer than stall_timeout keeps the stream alive: it is output."""
+    async with Upstream(token_delay=0.02, words=10) as up:  # ~30 thinking deltas: 0.6 s first
+        text, _, done = await collect(stream(up, "anthropic", stall_timeout=0.3, **THINKING))
+        assert text == up.answer(USER)
+        assert done.attempts == 1
