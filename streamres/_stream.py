@@ -707,6 +707,7 @@ async def _run(
                 if added and not ans.signed_thinking:
                     # The signed blocks that led to the first text shown: sent back on resume.
                     ans.signed_thinking = list(decoder.signed_thinking)
+                weight = fleet.states[index].weight.current
                 if fail is None:
                     _log_breaker(route, fleet.succeeded(index, now(), ttft=ttft, latency=seconds))
                 else:
@@ -723,6 +724,12 @@ async def _run(
                             seconds=round(fail.retry_after, 3),
                         )
                 books = "recorded"
+                if fleet.states[index].weight.current != weight:
+                    log.debug(
+                        "streamres.weight_changed",
+                        model=route.key,
+                        weight=round(fleet.states[index].weight.current, 4),
+                    )
                 if attempt == 1 and fail is None and ans.output_tokens is not None:
                     delivered = ans.output_tokens
                 else:

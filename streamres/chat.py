@@ -64,7 +64,7 @@ _TEXT = {
         "interrupted": "[interrupted — the partial answer is kept]",
         "failed": "[failed: {error}]",
         "summary": "↻ recovered in {seconds:.1f} s: {attempts} attempts, {resumes} resumes, "
-        "{dedup} repeated characters removed, answered by {model}",
+        "{dedup} repeated tokens removed, answered by {model}",
         "welcome": "streamres chat — answers keep streaming through capacity errors. "
         "Type /help for commands, Ctrl-D to leave.",
         "target_embedded": "Talking to the embedded upstream ({models}) with faults: {faults}",
@@ -90,7 +90,7 @@ _TEXT = {
         "interrupted": "[已中断 — 保留已收到的部分回答]",
         "failed": "[失败：{error}]",
         "summary": "↻ 已恢复，用时 {seconds:.1f} 秒：{attempts} 次请求，{resumes} 次续传，"
-        "去除 {dedup} 个重复字符，由 {model} 完成",
+        "去除 {dedup} 个重复 token，由 {model} 完成",
         "welcome": "streamres chat — 即使模型满载，回答也不会中断。"
         "输入 /help 查看命令，Ctrl-D 退出。",
         "target_embedded": "正在连接内置上游（{models}），故障计划：{faults}",
@@ -323,7 +323,7 @@ class Session:
                                             seconds=anyio.current_time() - started,
                                             attempts=ev.attempts,
                                             resumes=ev.resumes,
-                                            dedup=ev.deduplicated_chars,
+                                            dedup=ev.usage.wasted_tokens,
                                             model=ev.model,
                                         )
                                     )
