@@ -6,10 +6,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 import streamres
 from streamres._tokens import counter_for
 from streamres.upstream import Upstream
+
+# Shared machines are noisy: a property is about results, never about how long an example took.
+settings.register_profile("streamres", deadline=None)
+settings.load_profile("streamres")
 
 #: Backoff for tests: real waits, but short ones.
 FAST = streamres.Backoff(initial=0.01, multiplier=2.0, maximum=0.05)
