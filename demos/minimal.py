@@ -7,11 +7,7 @@ Runs offline against the embedded upstream with a few faults:
 
 from __future__ import annotations
 
-import logging
-import sys
-
 import anyio
-import structlog
 
 import streamres
 from streamres.upstream import Upstream
@@ -33,10 +29,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    # The library logs through structlog and never configures it; an application chooses
-    # where logs go. Here: warnings and worse, to stderr, away from the answer.
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
     anyio.run(main)

@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 import anyio
 import httpx
-import structlog
 
 from . import _anthropic, _openai, _responses
 from ._backoff import Backoff, after_hint
@@ -53,6 +52,7 @@ from ._events import (
 )
 from ._fleet import Fleet
 from ._limits import Limits
+from ._log import log
 from ._options import Options, check_options, resolve_route
 from ._policy import decide
 from ._routes import Route
@@ -63,7 +63,6 @@ from ._wording import fallback_message, resume_message, retry_message
 
 __all__ = ["ResilientStream", "stream_resilient"]
 
-log = structlog.get_logger("streamres")
 
 Provider = Literal["openai", "anthropic", "openai-responses"]
 

@@ -402,3 +402,23 @@ async def test_400_to_a_prefill_continuation_falls_back_to_instruct(upstream: Up
     assert [r.status for r in upstream.requests] == [200, 400, 200]
     assert upstream.requests[2].body["messages"][-1]["content"] == streamres.CONTINUE_INSTRUCTION
     _stream._prefill_refused.clear()
+
+
+async def test_logs_never_reach_stdout_unconfigured(
+    upstream: Upstream, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With structlog unconfigured, events go to stdlib logging (silent by default), never to
+    the stdout a chat UI writes its answer to."""
+    import logging
+
+    import structlog
+
+    structlog.reset_defaults()  # capture_logs() in other tests leaves structlog "configured"
+    assert not structlog.is_configured()
+    caplog.set_level(logging.DEBUG, logger="streamres")
+    upstream.faults.push("503")
+    await collect(stream(upstream))
+    assert capsys.readouterr().out == ""
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("streamres.retry_scheduled ") for m in messages)
+    assert "sk-test-secret" not in caplog.text
