@@ -83,12 +83,10 @@ class Client:
         self._limits: Limits | None = None
         self._http = http_client
         self._own_http = http_client is None
-        self._defaults = {
-            "deadline": deadline,
-            "stall_timeout": stall_timeout,
-            "backoff": backoff,
-            "fallback_after": fallback_after,
-        }
+        self._deadline = deadline
+        self._stall_timeout = stall_timeout
+        self._backoff = backoff
+        self._fallback_after = fallback_after
         self._rng = rng or random.Random()
 
     async def __aenter__(self) -> Client:
@@ -103,6 +101,7 @@ class Client:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._limits = None
         if self._own_http and self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -139,14 +138,12 @@ class Client:
             messages,
             fleet=self.fleet,
             chain=chain,
-            deadline=self._defaults["deadline"] if deadline is None else deadline,
-            stall_timeout=self._defaults["stall_timeout"]
-            if stall_timeout is None
-            else stall_timeout,
+            deadline=self._deadline if deadline is None else deadline,
+            stall_timeout=self._stall_timeout if stall_timeout is None else stall_timeout,
             max_tokens=max_tokens,
             max_attempts=max_attempts,
-            backoff=self._defaults["backoff"],  # type: ignore[arg-type]
-            fallback_after=self._defaults["fallback_after"],
+            backoff=self._backoff,
+            fallback_after=self._fallback_after,
             headers=headers,
             more=more,
             rng=self._rng,
