@@ -22,6 +22,7 @@ malformed          a chunk that is not the JSON the protocol promises          y
 prefill_rejected   400 saying assistant prefill is unsupported                 yes, instruct
 permanent          other 4xx: bad request, auth, not found, quota              no
 deadline           the overall deadline ran out (not the model's fault)        no time left
+replay_unavailable a background response cannot be re-attached to             yes, continue
 =================  ==========================================================  ===========
 """
 
@@ -54,6 +55,7 @@ FailureKind = Literal[
     "prefill_rejected",
     "permanent",
     "deadline",
+    "replay_unavailable",
 ]
 
 

@@ -4,7 +4,8 @@ The rules, in order:
 
 1. a permanent error (bad request, auth, not found, quota) is never retried;
 2. the optional attempt cap ends the answer;
-3. "prefill not supported" is retried at once on the same model (with the instruct strategy);
+3. "prefill not supported" is retried at once on the same model (with the instruct strategy),
+   and so is a background response that cannot be re-attached to (by a continuation);
 4. with more than one model in the chain, move to the next one when the server says this
    model is at capacity ("Selected model is at capacity": no point waiting on it), when its
    Retry-After is longer than the time left, or after ``fallback_after`` consecutive failures;
@@ -16,13 +17,13 @@ The rules, in order:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ._backoff import Backoff
 from ._classify import Failure
 
-__all__ = ["Decision", "decide"]
+__all__ = ["Decision", "decide", "reinterpret"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ def decide(
         return Decision(
             "give_up", error="attempts", why=f"{attempt} attempts made; last: {failure.message}"
         )
-    if failure.kind == "prefill_rejected":
+    if failure.kind in ("prefill_rejected", "replay_unavailable"):
         return Decision("retry", model_index=model_index)
     hint = failure.retry_after
     n_models = len(failures)
@@ -76,3 +77,22 @@ def decide(
     else:
         why = f"the next retry ({delay:.1f} s away) would come after the deadline"
     return Decision("give_up", error="deadline", why=why)
+
+
+def reinterpret(failure: Failure, *, prefill_continuation: bool, replaying: bool) -> Failure:
+    """What a refusal means, given what the refused request was.
+
+    A permanent error to a *re-attach* request means the server cannot replay (expired, not
+    stored): the answer goes on by a continuation. A 400 to a *prefill or prefix continuation*
+    (the first request of the answer was accepted) is about the continuation's shape: the
+    server refuses prefill, so the instruct strategy is next. Anything else means what it says.
+    """
+    if failure.kind != "permanent":
+        return failure
+    if replaying:
+        return Failure(
+            "replay_unavailable", f"re-attaching failed ({failure.message})", failure.status_code
+        )
+    if prefill_continuation and failure.status_code == 400:
+        return replace(failure, kind="prefill_rejected")
+    return failure

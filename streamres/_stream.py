@@ -54,7 +54,7 @@ from ._fleet import Fleet
 from ._limits import Limits
 from ._log import log
 from ._options import Options, check_options, resolve_route
-from ._policy import decide
+from ._policy import decide, reinterpret
 from ._routes import Route
 from ._sse import SSEDecoder
 from ._tokens import TokenLedger, counter_for
@@ -673,22 +673,14 @@ async def _run(
                     background = decoder.background or bool(opts.extra_body.get("background"))
                     if response_id and background and decoder.sequence is not None:
                         ans.replay = (index, response_id, decoder.sequence)
-                if (
-                    fail is not None
-                    and fail.kind == "permanent"
-                    and fail.status_code == 400
-                    and dedup is not None
-                    and dedup.mode == "prefill"
-                ):
-                    # The first request was accepted, so a 400 now is about the continuation's
-                    # shape (a prefill this server refuses): try the instruct strategy.
-                    fail = Failure(
-                        "prefill_rejected", fail.message, 400, fail.error_type, fail.retry_after
+                if fail is not None:
+                    fail = reinterpret(
+                        fail,
+                        prefill_continuation=dedup is not None and dedup.mode == "prefill",
+                        replaying=replayed,
                     )
-                if replayed and fail is not None and fail.kind == "permanent":
-                    # The server cannot replay (expired, not stored): continue the usual way.
-                    ans.replay = None
-                    fail = failure("transient", f"re-attaching failed ({fail.message})")
+                    if fail.kind == "replay_unavailable":
+                        ans.replay = None
                 seconds = now() - started
                 ttft = first_content - started if first_content is not None else None
                 dropped = ""

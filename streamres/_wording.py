@@ -17,6 +17,8 @@ _REASONS = {
     "malformed": "Garbled data from the server",
     "prefill_rejected": "Model does not take a partial answer",
     "permanent": "Request refused",
+    "deadline": "Out of time",
+    "replay_unavailable": "Could not re-attach to the answer",
 }
 
 

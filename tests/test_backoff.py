@@ -101,3 +101,22 @@ def test_prefill_rejected_retries_immediately() -> None:
     """A refused prefill is retried at once (with the instruct strategy)."""
     d = _decide(Failure("prefill_rejected", "no prefill", 400))
     assert (d.action, d.delay) == ("retry", 0.0)  # type: ignore[attr-defined]
+
+
+def test_reinterpret_refusals_by_what_was_refused() -> None:
+    """A refused re-attach continues another way; a 400 to a prefill continuation means the
+    server refuses prefill; a plain refusal stays permanent."""
+    from streamres._policy import reinterpret
+
+    refused = Failure("permanent", "not found", 404)
+    assert (
+        reinterpret(refused, prefill_continuation=False, replaying=True).kind
+        == "replay_unavailable"
+    )
+    bad = Failure("permanent", "invalid", 400)
+    assert reinterpret(bad, prefill_continuation=True, replaying=False).kind == "prefill_rejected"
+    assert reinterpret(bad, prefill_continuation=False, replaying=False).kind == "permanent"
+    busy = Failure("capacity", "busy", 529)
+    assert reinterpret(busy, prefill_continuation=True, replaying=True) is busy
+    d = _decide(Failure("replay_unavailable", "gone", 404))
+    assert (d.action, d.delay) == ("retry", 0.0)  # type: ignore[attr-defined]
