@@ -457,14 +457,15 @@ async def _run(
                         "every model's circuit is open until after the deadline",
                         fail,
                     )
+                wait = max(0.0, ready_at - now())
                 yield RetryEvent(
-                    message=f"All models are busy — trying again in {ready_at - now():.0f} s",
+                    message=f"All models are busy — trying again in {wait:.0f} s",
                     attempt=attempt + 1,
-                    delay=ready_at - now(),
+                    delay=wait,
                     reason="circuit_open",
                     model=ans.model,
                 )
-                await anyio.sleep(ready_at - now())
+                await anyio.sleep(max(0.0, ready_at - now()))
                 continue
             if pos != ans.pos:
                 old = ans.index

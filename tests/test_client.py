@@ -235,3 +235,20 @@ async def test_account_limit_is_shared_by_its_routes() -> None:
                     tg.start_soon(one, "ab"[i % 2])
         assert up.peak_in_flight() == 3
         assert {r.model for r in up.requests} == {"a", "b"}
+
+
+async def test_every_circuit_open_waits_for_the_first_probe() -> None:
+    """With every model's circuit open, the stream says so, waits for the earliest recovery,
+    and goes on with that model's probe."""
+    models = {
+        "big": ModelSpec(faults=FaultPlan("503")),
+        "small": ModelSpec(faults=FaultPlan("503")),
+    }
+    async with Upstream(models=models) as up:
+        routes = [r for r in family(up) if r.model != "claude"]
+        async with Client(routes, backoff=FAST, breaker_threshold=1, breaker_recovery=0.1) as c:
+            text, events, done = await collect(c.stream(USER, model="big"))
+        assert text == up.answer(USER)
+        waits = [e for e in events if e.type == "retry" and e.reason == "circuit_open"]
+        assert waits and "All models are busy" in waits[0].message
+        assert 0 <= waits[0].delay <= 0.1
