@@ -247,7 +247,7 @@ async def test_every_circuit_open_waits_for_the_first_probe() -> None:
     async with Upstream(models=models) as up:
         routes = [r for r in family(up) if r.model != "claude"]
         async with Client(routes, backoff=FAST, breaker_threshold=1, breaker_recovery=0.1) as c:
-            text, events, done = await collect(c.stream(USER, model="big"))
+            text, events, _ = await collect(c.stream(USER, model="big"))
         assert text == up.answer(USER)
         waits = [e for e in events if e.type == "retry" and e.reason == "circuit_open"]
         assert waits and "All models are busy" in waits[0].message
