@@ -327,6 +327,16 @@ class Upstream:
             + conn.send(h11.EndOfMessage())
         )
 
+    @staticmethod
+    async def _start_events(conn: h11.Connection, stream: anyio.abc.SocketStream) -> None:
+        """The head of a 200 event stream (its body follows in chunks)."""
+        headers = [
+            ("content-type", "text/event-stream; charset=utf-8"),
+            ("cache-control", "no-cache"),
+            ("transfer-encoding", "chunked"),
+        ]
+        await stream.send(conn.send(h11.Response(status_code=200, headers=headers)))
+
     async def _respond(
         self, conn: h11.Connection, stream: anyio.abc.SocketStream, req: h11.Request, raw: bytes
     ) -> None:
@@ -462,18 +472,7 @@ class Upstream:
         delay = spec.token_delay if spec.token_delay is not None else self.token_delay
         self._enter(model)
         try:
-            await stream.send(
-                conn.send(
-                    h11.Response(
-                        status_code=200,
-                        headers=[
-                            ("content-type", "text/event-stream; charset=utf-8"),
-                            ("cache-control", "no-cache"),
-                            ("transfer-encoding", "chunked"),
-                        ],
-                    )
-                )
-            )
+            await self._start_events(conn, stream)
             if fault.kind == "empty":
                 await stream.send(conn.send(h11.EndOfMessage()))
                 return
@@ -531,17 +530,7 @@ class Upstream:
             )
             return
         after = int(query.get("starting_after", "-1") or -1)
-        await stream.send(
-            conn.send(
-                h11.Response(
-                    status_code=200,
-                    headers=[
-                        ("content-type", "text/event-stream; charset=utf-8"),
-                        ("transfer-encoding", "chunked"),
-                    ],
-                )
-            )
-        )
+        await self._start_events(conn, stream)
         await self._play(conn, stream, [e for e in events if e[0] > after], fault, 0.0, render)
 
     async def _play(
