@@ -14,7 +14,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from ._classify import classify_error_object
-from ._wire import HttpRequest, PartialCall, StreamDecoder, normalise_finish
+from ._wire import HttpRequest, PartialCall, StreamDecoder, count, normalise_finish, text_or_none
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicDecoder", "build_request"]
 
@@ -97,26 +97,28 @@ class AnthropicDecoder(StreamDecoder):
                 if text[end:] == "}}":
                     return str(value)
             event = json.loads(text)
-        except ValueError:  # UnicodeDecodeError and scanner errors included
+        except (ValueError, RecursionError):  # UnicodeDecodeError, scanner errors, deep nesting
             return self._malformed(data)
         if type(event) is not dict:
             return self._malformed(data)
-        kind = name or event.get("type", "")
+        kind = name or text_or_none(event.get("type")) or ""
         index = event.get("index", 0)
+        if type(index) is not int:
+            raise TypeError("a content block's index must be an integer")
         if kind == "content_block_delta":
             delta = event.get("delta") or {}
             dtype = delta.get("type")
             if dtype == "text_delta":
-                return str(delta.get("text", ""))
+                return text_or_none(delta.get("text")) or ""
             self.generating = True
             if dtype == "input_json_delta" and index in self.calls:
-                self.calls[index].arguments.append(str(delta.get("partial_json", "")))
+                self.calls[index].arguments.append(text_or_none(delta.get("partial_json")) or "")
             elif dtype == "thinking_delta" and index in self._thinking:
-                text = str(delta.get("thinking", ""))
+                text = text_or_none(delta.get("thinking")) or ""
                 self._thinking[index]["thinking"] += text
                 self.side.append(("thinking", text))
             elif dtype == "signature_delta" and index in self._thinking:
-                self._thinking[index]["signature"] += str(delta.get("signature", ""))
+                self._thinking[index]["signature"] += text_or_none(delta.get("signature")) or ""
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
             btype = block.get("type")
@@ -148,15 +150,17 @@ class AnthropicDecoder(StreamDecoder):
                 self.signed_thinking.append(block)
         elif kind == "message_start":
             usage = (event.get("message") or {}).get("usage") or {}
-            self.input_tokens = usage.get("input_tokens", self.input_tokens)
-            self.output_tokens = usage.get("output_tokens", self.output_tokens)
+            self.input_tokens = count(usage.get("input_tokens"), self.input_tokens)
+            self.output_tokens = count(usage.get("output_tokens"), self.output_tokens)
         elif kind == "message_delta":
             reason = (event.get("delta") or {}).get("stop_reason")
             if reason:
                 self.finish_reason = normalise_finish(reason)
                 self._finish_calls()
             usage = event.get("usage") or {}
-            self.output_tokens = usage.get("output_tokens", self.output_tokens)
+            # Server tools report the cumulative input count here; the official SDK takes it.
+            self.input_tokens = count(usage.get("input_tokens"), self.input_tokens)
+            self.output_tokens = count(usage.get("output_tokens"), self.output_tokens)
         elif kind == "message_stop":
             self.terminal = True
         elif kind == "error":

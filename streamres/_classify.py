@@ -39,8 +39,10 @@ __all__ = [
     "Failure",
     "FailureKind",
     "classify_error_object",
+    "classify_not_a_stream",
     "classify_response",
     "failure",
+    "is_event_stream",
     "parse_retry_after",
 ]
 
@@ -171,7 +173,7 @@ def _by_status(status: int) -> FailureKind:
 def _error_of_body(body: str) -> Any:
     try:
         parsed = json.loads(body) if body.lstrip().startswith("{") else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         parsed = None
     if isinstance(parsed, Mapping):
         error = parsed.get("error", parsed)
@@ -237,11 +239,69 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError, IndexError):
+            if when.tzinfo is None:
+                return None
+            seconds = max(0.0, when.timestamp() - now)
+        except (TypeError, ValueError, IndexError, OverflowError):  # absurd zones and years
             return None
-        if when.tzinfo is None:
-            return None
-        seconds = max(0.0, when.timestamp() - now)
     if seconds != seconds or not 0 <= seconds <= _MAX_HINT:  # NaN, negative, absurd
         return None
     return seconds
+
+
+def _media_type(headers: Mapping[str, str]) -> str:
+    return (headers.get("content-type") or "").split(";")[0].strip().lower()
+
+
+def is_event_stream(headers: Mapping[str, str]) -> bool:
+    """Does a 2xx response announce an event stream? (No content type at all is given the
+    benefit of the doubt: some servers omit it and stream anyway.)"""
+    media = _media_type(headers)
+    return media in ("", "text/event-stream")
+
+
+def classify_not_a_stream(
+    status: int, headers: Mapping[str, str], body: str, *, url: str, now: float
+) -> Failure:
+    """A 2xx or 3xx answer that is not the event stream a streaming request asked for.
+
+    A redirect is never followed (it could carry the key to another origin): it fails for good,
+    naming the target. A JSON body is an error object (an invalid key, a quota) and is classified
+    like any error body; a JSON body without one means the server does not stream. Anything
+    else (a CDN's HTML page, plain text) means the URL does not lead to an LLM API.
+    """
+    media = _media_type(headers) or "no content type"
+    if 300 <= status < 400:
+        target = headers.get("location") or "an unnamed location"
+        return Failure(
+            "permanent",
+            f"{url} redirected (HTTP {status}) to {target}; redirects are not followed, so "
+            "that a key never goes to another origin: use the target as base_url",
+            status_code=status,
+        )
+    if media == "application/json" or media.endswith("+json"):
+        error = _error_of_body(body)
+        if isinstance(error, Mapping) and (error.get("type") or error.get("code")):
+            got = classify_response(400, headers, body, now=now)
+            return Failure(
+                got.kind,
+                got.message,
+                status_code=status,
+                error_type=got.error_type,
+                retry_after=got.retry_after,
+                switch_model=got.switch_model,
+            )
+        if isinstance(error, Mapping) and error.get("message") and '"error"' in body:
+            return classify_error_object(error)
+        return Failure(
+            "permanent",
+            f"{url} answered HTTP {status} with JSON, not an event stream: does this server "
+            "support streaming?",
+            status_code=status,
+        )
+    return Failure(
+        "permanent",
+        f"{url} answered HTTP {status} with {media}, not an event stream: is this the URL "
+        "of an LLM API?",
+        status_code=status,
+    )

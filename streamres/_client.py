@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+import anyio
 import httpx
 
 from ._backoff import Backoff
@@ -152,7 +153,11 @@ class Client:
 
     def metrics(self) -> dict[str, ModelMetrics]:
         """A snapshot of every model's metrics, by route name."""
-        return self.fleet.metrics()
+        try:
+            now: float | None = anyio.current_time()
+        except RuntimeError:  # outside an event loop: cool-downs cannot be read
+            now = None
+        return self.fleet.metrics(now)
 
     def health(self) -> dict[str, Health]:
         """Which models are healthy, degraded or jammed, and why."""

@@ -15,7 +15,11 @@ from ._breaker import BreakerState, CircuitBreaker
 from ._metrics import ModelMetrics, RouteStats, snapshot
 from ._routes import Route, fallback_order, pick_weighted
 
-__all__ = ["HEALTH_KINDS", "Fleet"]
+__all__ = ["HEALTH_KINDS", "MAX_COOLDOWN", "Fleet"]
+
+#: The longest cool-down one Retry-After imposes on a model (seconds). Hints up to a day are
+#: read, but a model is passed over for at most this long before it is tried again.
+MAX_COOLDOWN = 300.0
 
 #: Failure kinds that count against a model's health (breaker, weight).
 HEALTH_KINDS = frozenset(
@@ -74,6 +78,11 @@ class Fleet:
         s = self.states[i]
         return max(s.breaker.available_at(now), s.cooldown_until)
 
+    def probing(self, i: int) -> bool:
+        """Is route ``i`` half-open with its one probe in flight?"""
+        b = self.states[i].breaker
+        return b.state == "half_open" and b.probe_out
+
     def cooldown_left(self, i: int, now: float) -> float:
         return max(0.0, self.states[i].cooldown_until - now)
 
@@ -100,14 +109,21 @@ class Fleet:
         s = self.states[i]
         s.stats.failed(kind, ttft=ttft)
         if retry_after is not None:
-            s.cooldown_until = max(s.cooldown_until, now + retry_after)
-        if kind not in HEALTH_KINDS:
+            s.cooldown_until = max(s.cooldown_until, now + min(retry_after, MAX_COOLDOWN))
+        if kind not in HEALTH_KINDS or (kind == "rate_limit" and retry_after is not None):
+            # A permanent error says nothing of health; a 429 that says when to come back is a
+            # quota's cool-down (kept above), not a broken model: neither moves the breaker.
             s.breaker.record_neutral()
             return None
         before = s.breaker.state
         s.weight.failure()
         after = s.breaker.record_failure(now)
         return after if after != before else None
+
+    def queued(self, i: int, seconds: float) -> None:
+        """An attempt waited ``seconds`` for a pooled connection (never a model failure)."""
+        if seconds > 0:
+            self.states[i].stats.queued_seconds += seconds
 
     def release(self, i: int) -> None:
         """An attempt was let through but never started: free its breaker probe."""
@@ -130,7 +146,8 @@ class Fleet:
 
     # -- reading --------------------------------------------------------------------------
 
-    def metrics(self) -> dict[str, ModelMetrics]:
+    def metrics(self, now: float | None = None) -> dict[str, ModelMetrics]:
+        """Every route's metrics; with ``now``, cool-downs still running are reported."""
         return {
             s.route.key: snapshot(
                 s.route.key,
@@ -138,6 +155,7 @@ class Fleet:
                 s.stats,
                 weight=s.weight.current,
                 breaker=s.breaker.state,
+                cooldown=max(0.0, s.cooldown_until - now) if now is not None else 0.0,
             )
             for s in self.states
         }

@@ -25,6 +25,18 @@ class Limits:
     def __init__(self, routes: Sequence[Route], account_limits: Mapping[str, int]) -> None:
         self._routes = {r.key: anyio.Semaphore(r.max_in_flight) for r in routes if r.max_in_flight}
         self._accounts = {name: anyio.Semaphore(n) for name, n in account_limits.items()}
+        self._changed = anyio.Event()
+
+    def notify(self) -> None:
+        """A model's state changed (an outcome was recorded): wake the streams waiting on it."""
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def changed(self, seconds: float) -> None:
+        """Wait until the next :meth:`notify`, or ``seconds`` at most."""
+        event = self._changed
+        with anyio.move_on_after(seconds):
+            await event.wait()
 
     def _semaphores(self, route: Route) -> list[anyio.Semaphore]:
         found = [self._accounts.get(account_of(route)), self._routes.get(route.key)]

@@ -50,6 +50,9 @@ class ModelMetrics:
     tokens_delivered: int
     tokens_wasted: int
     in_flight: int
+    queued_seconds: float
+    #: Seconds left of a cool-down a server asked for (Retry-After), 0 when none.
+    cooldown: float
     weight: float
     breaker: str
     health: Health
@@ -78,6 +81,8 @@ class RouteStats:
     tokens_delivered: int = 0
     tokens_wasted: int = 0
     in_flight: int = 0
+    #: Seconds attempts spent waiting for a pooled connection or a concurrency slot.
+    queued_seconds: float = 0.0
     ttft: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     latency: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     #: (succeeded, capacity error, latency or None) of the last requests.
@@ -109,13 +114,17 @@ class RouteStats:
         self.recent.append((False, capacity, None))
 
 
-def assess(stats: RouteStats, breaker: str) -> Health:
+def assess(stats: RouteStats, breaker: str, cooldown: float = 0.0) -> Health:
     """Healthy, degraded or jammed, and why."""
     reasons: list[str] = []
     if breaker == "open":
         return Health("jammed", ("circuit open after consecutive failures",))
+    if cooldown > 0:
+        reasons.append(f"cooling down for {cooldown:.0f} s as the server asked (Retry-After)")
     recent = list(stats.recent)
     if len(recent) < 5:
+        if reasons:
+            return Health("degraded", tuple(reasons))
         return Health("healthy", ("too few requests to judge",) if not recent else ())
     ok_recent = sum(r[0] for r in recent) / len(recent)
     cap_recent = sum(r[1] for r in recent) / len(recent)
@@ -146,7 +155,13 @@ def assess(stats: RouteStats, breaker: str) -> Health:
 
 
 def snapshot(
-    name: str, model: str, stats: RouteStats, *, weight: float, breaker: str
+    name: str,
+    model: str,
+    stats: RouteStats,
+    *,
+    weight: float,
+    breaker: str,
+    cooldown: float = 0.0,
 ) -> ModelMetrics:
     done = stats.successes + stats.failures
     ttft, latency = list(stats.ttft), list(stats.latency)
@@ -171,7 +186,9 @@ def snapshot(
         tokens_delivered=stats.tokens_delivered,
         tokens_wasted=stats.tokens_wasted,
         in_flight=stats.in_flight,
+        queued_seconds=stats.queued_seconds,
+        cooldown=cooldown,
         weight=weight,
         breaker=breaker,
-        health=assess(stats, breaker),
+        health=assess(stats, breaker, cooldown),
     )

@@ -14,7 +14,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from ._classify import classify_error_object
-from ._wire import HttpRequest, PartialCall, StreamDecoder, normalise_finish
+from ._wire import HttpRequest, PartialCall, StreamDecoder, count, normalise_finish, text_or_none
 
 __all__ = ["OpenAIDecoder", "build_request", "headers"]
 
@@ -86,34 +86,39 @@ class OpenAIDecoder(StreamDecoder):
                 if text.startswith(_AFTER, end) and _TAIL.match(text, end + len(_AFTER)):
                     return str(value)
             chunk = json.loads(text)
-        except ValueError:  # UnicodeDecodeError and scanner errors included
+        except (ValueError, RecursionError):  # UnicodeDecodeError, scanner errors, deep nesting
             return self._malformed(data)
         if type(chunk) is not dict:
             return self._malformed(data)
+        usage = chunk.get("usage")
+        if usage:
+            # Before the error: OpenRouter sends usage with its final error chunk.
+            self.input_tokens = count(usage.get("prompt_tokens"), self.input_tokens)
+            self.output_tokens = count(usage.get("completion_tokens"), self.output_tokens)
         error = chunk.get("error")
         if error is not None:
             self.error = classify_error_object(error)
             return ""
-        usage = chunk.get("usage")
-        if usage:
-            self.input_tokens = usage.get("prompt_tokens", self.input_tokens)
-            self.output_tokens = usage.get("completion_tokens", self.output_tokens)
         choices = chunk.get("choices")
         if not choices:
             return ""
         choice = choices[0]
         delta = choice.get("delta") or {}
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if reasoning and isinstance(reasoning, str):
+        reasoning = text_or_none(delta.get("reasoning_content") or delta.get("reasoning"))
+        if reasoning:
             self.side.append(("thinking", reasoning))
         for call in delta.get("tool_calls") or ():
             self.generating = True
-            partial = self.calls.setdefault(call.get("index", 0), PartialCall())
-            partial.id = call.get("id") or partial.id
+            index = call.get("index", 0)
+            if type(index) is not int:
+                raise TypeError("a tool call's index must be an integer")
+            partial = self.calls.setdefault(index, PartialCall())
+            partial.id = text_or_none(call.get("id")) or partial.id
             function = call.get("function") or {}
-            partial.name = function.get("name") or partial.name
-            if function.get("arguments"):
-                partial.arguments.append(function["arguments"])
+            partial.name = text_or_none(function.get("name")) or partial.name
+            arguments = text_or_none(function.get("arguments"))
+            if arguments:
+                partial.arguments.append(arguments)
         reason = choice.get("finish_reason")
         if reason:
             if reason == "error":
@@ -121,4 +126,23 @@ class OpenAIDecoder(StreamDecoder):
                 return ""
             self.finish_reason = normalise_finish(reason)
             self._finish_calls()
-        return delta.get("content") or ""
+        content = delta.get("content")
+        if type(content) is list:
+            return self._parts(content)
+        return text_or_none(content) or ""
+
+    def _parts(self, parts: list[Any]) -> str:
+        """``content`` as a list of typed parts (Mistral's reasoning models): text parts are
+        the answer, thinking parts go to ``side``; other part types carry no text."""
+        text: list[str] = []
+        for part in parts:
+            kind = part.get("type")
+            if kind == "text":
+                text.append(text_or_none(part.get("text")) or "")
+            elif kind == "thinking":
+                inner = part.get("thinking")
+                pieces = inner if type(inner) is list else [{"text": inner}]
+                thought = "".join(text_or_none(p.get("text")) or "" for p in pieces)
+                if thought:
+                    self.side.append(("thinking", thought))
+        return "".join(text)

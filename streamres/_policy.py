@@ -3,15 +3,16 @@
 The rules, in order:
 
 1. a permanent error (bad request, auth, not found, quota) is never retried;
-2. the optional attempt cap ends the answer;
-3. "prefill not supported" is retried at once on the same model (with the instruct strategy),
+2. time that ran out ends the answer as a deadline (never as the attempt cap);
+3. the optional attempt cap ends the answer;
+4. "prefill not supported" is retried at once on the same model (with the instruct strategy),
    and so is a background response that cannot be re-attached to (by a continuation);
-4. with more than one model in the chain, move to the next one when the server says this
+5. with more than one model in the chain, move to the next one when the server says this
    model is at capacity ("Selected model is at capacity": no point waiting on it), when its
    Retry-After is longer than the time left, or after ``fallback_after`` consecutive failures;
    a model that has not failed yet is tried at once, one that has failed waits its backoff;
-5. otherwise wait the backoff (never less than Retry-After) and retry the same model;
-6. a wait that would end after the deadline gives up now, rather than sleeping in vain.
+6. otherwise wait the backoff (never less than Retry-After) and retry the same model;
+7. a wait that would end after the deadline gives up now, rather than sleeping in vain.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def decide(
     """``failures[i]``: consecutive failures of model ``i``, this one included."""
     if failure.kind == "permanent":
         return Decision("give_up", error="rejected", why=failure.message)
+    if failure.kind == "deadline" or time_left <= 0:
+        return Decision("give_up", error="deadline", why=failure.message)
     if max_attempts is not None and attempt >= max_attempts:
         return Decision(
             "give_up", error="attempts", why=f"{attempt} attempts made; last: {failure.message}"

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._classify import classify_error_object
 from ._openai import headers
-from ._wire import HttpRequest, PartialCall, StreamDecoder
+from ._wire import HttpRequest, PartialCall, StreamDecoder, count, text_or_none
 
 __all__ = ["ResponsesDecoder", "build_request", "replay_request"]
 
@@ -71,30 +71,30 @@ class ResponsesDecoder(StreamDecoder):
     def feed(self, name: str, data: bytes) -> str:
         try:
             event = json.loads(data.decode())
-        except ValueError:
+        except (ValueError, RecursionError):
             return self._malformed(data)
         if type(event) is not dict:
             return self._malformed(data)
         seq = event.get("sequence_number")
         if isinstance(seq, int):
             self.sequence = seq
-        kind = event.get("type") or name
+        kind = text_or_none(event.get("type")) or name
         if kind == "response.output_text.delta":
-            return str(event.get("delta", ""))
+            return text_or_none(event.get("delta")) or ""
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
-            self.side.append(("thinking", str(event.get("delta", ""))))
+            self.side.append(("thinking", text_or_none(event.get("delta")) or ""))
             return ""
         if kind.startswith(("response.output_item.", "response.function_call_arguments.")):
             self._function_call(kind, event)
             return ""
         response = event.get("response") or {}
         if kind in ("response.created", "response.in_progress", "response.queued"):
-            self.response_id = response.get("id") or self.response_id
+            self.response_id = text_or_none(response.get("id")) or self.response_id
             self.background = bool(response.get("background")) or self.background
         elif kind in ("response.completed", "response.incomplete"):
             usage = response.get("usage") or {}
-            self.input_tokens = usage.get("input_tokens", self.input_tokens)
-            self.output_tokens = usage.get("output_tokens", self.output_tokens)
+            self.input_tokens = count(usage.get("input_tokens"), self.input_tokens)
+            self.output_tokens = count(usage.get("output_tokens"), self.output_tokens)
             self.finish_reason = "stop" if kind == "response.completed" else "length"
             self.terminal = True
             if self.calls and kind == "response.completed":
@@ -121,8 +121,8 @@ class ResponsesDecoder(StreamDecoder):
             call = self.calls[index]
             if kind == "response.function_call_arguments.delta":
                 self.generating = True
-                call.arguments.append(str(event.get("delta", "")))
+                call.arguments.append(text_or_none(event.get("delta")) or "")
             elif kind == "response.function_call_arguments.done":
-                call.arguments = [str(event.get("arguments", ""))]
+                call.arguments = [text_or_none(event.get("arguments")) or ""]
             elif kind == "response.output_item.done":
                 call.closed = True

@@ -15,6 +15,7 @@ which only content resets (keep-alive comments and pings do not).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import ssl
 import time
@@ -27,7 +28,13 @@ import httpx
 
 from . import _anthropic, _openai, _responses
 from ._backoff import Backoff, after_hint
-from ._classify import Failure, classify_response, failure
+from ._classify import (
+    Failure,
+    classify_not_a_stream,
+    classify_response,
+    failure,
+    is_event_stream,
+)
 from ._continuation import Strategy, build_continuation, choose
 from ._dedup import Deduplicator
 from ._errors import (
@@ -51,15 +58,17 @@ from ._events import (
     Usage,
 )
 from ._fleet import Fleet
+from ._inflate import ACCEPT_ENCODING, InflateError, Inflater
 from ._limits import Limits
 from ._log import log
 from ._options import Options, check_options, resolve_route
 from ._policy import decide, reinterpret
+from ._redact import Redactor, redact_url, url_secrets
 from ._routes import Route
 from ._sse import SSEDecoder
 from ._tokens import TokenLedger, counter_for
-from ._wire import HttpRequest, StreamDecoder
-from ._wording import fallback_message, resume_message, retry_message
+from ._wire import DECODE_ERRORS, HttpRequest, StreamDecoder
+from ._wording import busy_message, fallback_message, resume_message, retry_message
 
 __all__ = ["ResilientStream", "stream_resilient"]
 
@@ -71,7 +80,6 @@ _PROVIDERS: dict[str, tuple[Callable[..., HttpRequest], type[StreamDecoder]]] = 
     "anthropic": (_anthropic.build_request, _anthropic.AnthropicDecoder),
     "openai-responses": (_responses.build_request, _responses.ResponsesDecoder),
 }
-_ERROR_BODY_LIMIT = 64 * 1024
 _LOG_EVENT = {
     ("retry", False): "streamres.retry_scheduled",
     ("retry", True): "streamres.resume_scheduled",
@@ -238,6 +246,12 @@ class _Answer:
         self.replay: tuple[int, str, int] | None = None
         self.start = anyio.current_time()
         self.t_end = self.start + opts.deadline
+        secrets: list[str | None] = list(opts.headers.values())
+        for i in opts.chain:
+            r = self.fleet.routes[i]
+            secrets += [r.api_key, *url_secrets(r.base_url or "")]
+        #: Every secret this answer sends, masked in every message, history entry and log.
+        self.redactor = Redactor(secrets)
 
     @property
     def index(self) -> int:
@@ -287,7 +301,7 @@ class _Answer:
     def error(self, cls: type[StreamError], message: str, last: Failure | None) -> StreamError:
         log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
         return cls(
-            message,
+            self.redactor.redact(message),
             partial_text=self.text,
             attempts=tuple(self.history),
             model=self.model,
@@ -360,11 +374,14 @@ class _Answer:
 
     def next_available(self, now: float) -> tuple[int | None, float]:
         """A chain position whose breaker lets a request through now (this one first), or the
-        earliest time one will."""
+        earliest time one will. A model cooling down (after a Retry-After) until past the
+        deadline is passed over: the answer moves to the next model instead of waiting in vain."""
         n = len(self.opts.chain)
         for step in range(n):
             pos = (self.pos + step) % n
             i = self.opts.chain[pos]
+            if self.fleet.cooldown_left(i, now) >= self.t_end - now:
+                continue
             before = self.fleet.states[i].breaker.state
             allowed = self.fleet.try_acquire(i, now)
             after = self.fleet.states[i].breaker.state
@@ -372,6 +389,23 @@ class _Answer:
             if allowed:
                 return pos, now
         return None, min(self.fleet.available_at(i, now) for i in self.opts.chain)
+
+    def probing(self) -> bool:
+        """Is a half-open model's one probe in flight? (Its outcome may free the model soon.)"""
+        return any(self.fleet.probing(i) for i in self.opts.chain)
+
+    def unavailable(self, now: float) -> str:
+        """Why no model can take a request before the deadline, model by model."""
+        why = []
+        for i in dict.fromkeys(self.opts.chain):
+            route, state = self.fleet.routes[i], self.fleet.states[i]
+            cool = self.fleet.cooldown_left(i, now)
+            if cool > 0:
+                why.append(f"{route.model} cooling down for {cool:.0f} s (Retry-After)")
+            elif state.breaker.state != "closed":
+                wait = max(0.0, state.breaker.available_at(now) - now)
+                why.append(f"{route.model} circuit open for {wait:.0f} s")
+        return "no model can take a request before the deadline: " + "; ".join(why)
 
     async def done(self, finish_reason: str) -> DoneEvent:
         if self.resumes == 0 and self.output_tokens is not None and self.ledger is None:
@@ -411,12 +445,85 @@ class _Answer:
 
 
 def _transport_failure(exc: Exception) -> Failure:
-    if isinstance(exc, httpx.DecodingError):
-        return failure("malformed", f"the response body could not be decoded: {exc}")
     name = type(exc).__name__
+    why = str(exc) or name
     if isinstance(exc, httpx.ConnectError):
-        return failure("connection", f"cannot connect ({exc or name})")
-    return failure("connection", f"connection lost mid-response ({exc or name})")
+        return failure("connection", f"cannot connect ({why})")
+    if isinstance(exc, httpx.ConnectTimeout):
+        return failure("connection", f"cannot connect (no connection within the timeout: {why})")
+    return failure("connection", f"connection lost mid-response ({why})")
+
+
+#: httpcore trace events that mark the end of the wait for a pooled connection.
+_SERVED = ("connect_tcp.started", "send_request_headers.started")
+
+
+async def _send(
+    client: httpx.AsyncClient, request: httpx.Request, *, t_end: float, stall: float
+) -> tuple[httpx.Response | None, Failure | None, float]:
+    """Send ``request`` and wait for the response headers: (response, failure, queued seconds).
+
+    Three waits, three bounds. Queued for a pooled connection (other streams hold them all):
+    only the deadline, since that says nothing about the model. Connecting: httpx's connect
+    timeout. Request sent, waiting for headers: the stall timer. httpcore's trace hook says
+    when each phase begins; redirects are never followed (a key must not go to another origin).
+    """
+    started = anyio.current_time()
+    served: list[float] = []
+    response: httpx.Response | None = None
+    with anyio.CancelScope(deadline=t_end) as scope:
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            if not served and name.endswith(
+                ("connect_tcp.started", "send_request_headers.started")
+            ):
+                served.append(anyio.current_time())
+            if name.endswith("send_request_headers.started"):
+                scope.deadline = min(t_end, anyio.current_time() + stall)
+
+        request.extensions["trace"] = trace
+        try:
+            response = await client.send(request, stream=True, follow_redirects=False)
+        except httpx.TransportError as exc:
+            return None, _transport_failure(exc), (served[0] if served else started) - started
+        except httpx.HTTPError as exc:
+            return (
+                None,
+                failure("connection", f"the request failed ({exc or type(exc).__name__})"),
+                0.0,
+            )
+    t = anyio.current_time()
+    queued = (served[0] if served else t) - started
+    if response is not None:
+        return response, None, queued
+    if t >= t_end:
+        return None, failure("deadline", "no response headers before the deadline"), queued
+    return None, failure("stall", f"no response within {stall:g} s of sending the request"), queued
+
+
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+async def _read_body(raw: AsyncIterator[bytes], inflater: Inflater, seconds: float) -> bytes:
+    """The start of a body that is not an event stream (an error, a page), bounded in size
+    and time: enough to classify it."""
+    body = b""
+    with anyio.move_on_after(seconds):
+        try:
+            async for part in raw:
+                body += inflater.feed(part)
+                if len(body) > _ERROR_BODY_LIMIT:
+                    break
+        except (httpx.HTTPError, InflateError):
+            pass
+    return body[:_ERROR_BODY_LIMIT]
+
+
+async def _close(body_iter: AsyncIterator[bytes] | None, response: httpx.Response | None) -> None:
+    if body_iter is not None:
+        await body_iter.aclose()  # type: ignore[attr-defined]
+    if response is not None:
+        await response.aclose()
 
 
 async def _drain(chunks: AsyncIterator[bytes], seconds: float) -> None:
@@ -426,7 +533,7 @@ async def _drain(chunks: AsyncIterator[bytes], seconds: float) -> None:
         try:
             async for _ in chunks:
                 pass
-        except httpx.TransportError:
+        except httpx.HTTPError:
             pass
 
 
@@ -441,6 +548,8 @@ async def _run(
     ans = _Answer(opts)
     fleet = opts.fleet
     own_client = client is None
+    #: A complete response whose body's end is read after the done event is out.
+    lingering: tuple[AsyncIterator[bytes], httpx.Response] | None = None
     now = anyio.current_time
     try:
         if client is None:
@@ -451,21 +560,24 @@ async def _run(
             # -- where the next attempt goes: a model whose circuit lets it through -----------
             pos, ready_at = ans.next_available(now())
             if pos is None:
-                if ready_at >= ans.t_end:
-                    raise ans.error(
-                        DeadlineExceeded,
-                        "every model's circuit is open until after the deadline",
-                        fail,
-                    )
-                wait = max(0.0, ready_at - now())
+                probing = limits is not None and ans.probing()
+                if ready_at >= ans.t_end and not probing:
+                    raise ans.error(DeadlineExceeded, ans.unavailable(now()), fail)
+                wait = max(0.0, min(ready_at, ans.t_end) - now())
                 yield RetryEvent(
-                    message=f"All models are busy — trying again in {wait:.0f} s",
+                    message=busy_message(wait, probing=probing),
                     attempt=attempt + 1,
                     delay=wait,
                     reason="circuit_open",
                     model=ans.model,
                 )
-                await anyio.sleep(max(0.0, ready_at - now()))
+                if probing and limits is not None:
+                    # Another stream's probe is deciding: its outcome wakes this one.
+                    await limits.changed(wait)
+                else:
+                    await anyio.sleep(wait)
+                if now() >= ans.t_end:
+                    raise ans.error(DeadlineExceeded, ans.unavailable(now()), fail)
                 continue
             if pos != ans.pos:
                 old = ans.index
@@ -539,54 +651,54 @@ async def _run(
                 fleet.started(index, resume=bool(ans.chars))
                 books = "started"
                 log.debug(
-                    "streamres.attempt_started", model=route.key, attempt=attempt, url=req.url
+                    "streamres.attempt_started",
+                    model=route.key,
+                    attempt=attempt,
+                    url=redact_url(req.url),
                 )
                 try:
                     request = client.build_request(
                         req.method,
                         req.url,
-                        headers=req.headers,
+                        headers={"accept-encoding": ACCEPT_ENCODING, **req.headers},
                         json=req.body if req.method == "POST" else None,
                         timeout=httpx.Timeout(None, connect=min(opts.stall_timeout, 10.0)),
                     )
                 except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
                     raise ans.error(
-                        InvalidRequest, f"cannot build the request to {req.url}: {exc}", None
+                        InvalidRequest,
+                        f"cannot build the request to {redact_url(req.url)}: {exc}",
+                        None,
                     ) from exc
-                response: httpx.Response | None = None
+                response, fail, queued = await _send(
+                    client, request, t_end=ans.t_end, stall=opts.stall_timeout
+                )
+                fleet.queued(index, queued)
                 body_iter: AsyncIterator[bytes] | None = None
-                try:
-                    with anyio.move_on_after(min(ans.t_end, started + opts.stall_timeout) - now()):
-                        response = await client.send(request, stream=True)
-                except httpx.TransportError as exc:
-                    fail = _transport_failure(exc)
-                except httpx.HTTPError as exc:
-                    raise ans.error(
-                        InvalidRequest, f"cannot send the request: {exc}", None
-                    ) from exc
-                if response is None and fail is None:
-                    fail = (
-                        failure("deadline", "no response headers before the deadline")
-                        if now() >= ans.t_end
-                        else failure("stall", f"no response within {opts.stall_timeout:g} s")
-                    )
                 if response is not None:
                     try:
-                        if response.status_code >= 400:
-                            body = b""
-                            with anyio.move_on_after(min(ans.t_end - now(), opts.stall_timeout)):
-                                async for part in response.aiter_bytes():
-                                    body += part
-                                    if len(body) > _ERROR_BODY_LIMIT:
-                                        break
-                            fail = classify_response(
-                                response.status_code,
-                                response.headers,
-                                body.decode("utf-8", "replace"),
-                                now=time.time(),
+                        inflater = Inflater(response.headers.get("content-encoding"))
+                        status = response.status_code
+                        if status >= 300 or not is_event_stream(response.headers):
+                            body = await _read_body(
+                                response.aiter_raw(),
+                                inflater,
+                                min(ans.t_end - now(), opts.stall_timeout),
+                            )
+                            text = body.decode("utf-8", "replace")
+                            fail = (
+                                classify_response(status, response.headers, text, now=time.time())
+                                if status >= 400
+                                else classify_not_a_stream(
+                                    status,
+                                    response.headers,
+                                    text,
+                                    url=redact_url(req.url),
+                                    now=time.time(),
+                                )
                             )
                         else:
-                            body_iter = response.aiter_bytes()
+                            body_iter = response.aiter_raw()
                             chunks = body_iter.__aiter__()
                             last_content = started
                             while fail is None:
@@ -616,14 +728,28 @@ async def _run(
                                         "stall", f"no output for {opts.stall_timeout:g} s"
                                     )
                                     break
-                                events = sse.close() if eof else sse.feed(chunk or b"")
+                                if eof:
+                                    events = sse.close()
+                                elif inflater.identity:
+                                    events = sse.feed(chunk or b"")
+                                else:
+                                    events = sse.feed(inflater.feed(chunk or b""))
+                                if sse.overflow is not None:
+                                    decoder.error = failure("malformed", sse.overflow)
                                 pieces: list[str] = []
-                                for name, data in events:
-                                    piece = decoder.feed(name, data)
-                                    if piece:
-                                        pieces.append(piece)
-                                    if decoder.error is not None or decoder.terminal:
-                                        break
+                                try:
+                                    for name, data in events:
+                                        piece = decoder.feed(name, data)
+                                        if piece:
+                                            pieces.append(piece)
+                                        if decoder.error is not None or decoder.terminal:
+                                            break
+                                except DECODE_ERRORS as exc:
+                                    decoder.error = failure(
+                                        "malformed",
+                                        f"an event of an unexpected shape from the server "
+                                        f"({type(exc).__name__}: {str(exc)[:200]})",
+                                    )
                                 calls: tuple[ToolCall, ...] = ()
                                 if decoder.side or decoder.generating:
                                     last_content = now()  # reasoning or arguments: working
@@ -655,16 +781,19 @@ async def _run(
                                         yield ToolCallEvent(call.id, call.name, call.arguments)
                                 if decoder.error is not None or decoder.terminal or eof:
                                     fail = decoder.end_failure()
-                                    if not eof:
-                                        await _drain(chunks, min(ans.t_end - now(), 1.0))
+                                    if fail is None and not eof:
+                                        # Complete: read the body's end after the done event
+                                        # is out, so the connection can be reused.
+                                        lingering = (body_iter, response)
                                     break
-                    except httpx.TransportError as exc:
+                    except InflateError as exc:
+                        fail = failure("malformed", str(exc))
+                    except httpx.HTTPError as exc:
                         fail = _transport_failure(exc)
                     finally:
-                        with anyio.CancelScope(shield=True):
-                            if body_iter is not None:
-                                await body_iter.aclose()  # type: ignore[attr-defined]
-                            await response.aclose()
+                        if lingering is None:
+                            with anyio.CancelScope(shield=True):
+                                await _close(body_iter, response)
                 ans.add_usage(decoder)
                 replayed = ans.replaying()
                 if isinstance(decoder, _responses.ResponsesDecoder):
@@ -680,6 +809,8 @@ async def _run(
                         prefill_continuation=dedup is not None and dedup.mode == "prefill",
                         replaying=replayed,
                     )
+                    # Servers echo keys in error bodies: no secret goes further than here.
+                    fail = dataclasses.replace(fail, message=ans.redactor.redact(fail.message))
                     if fail.kind == "replay_unavailable":
                         ans.replay = None
                 seconds = now() - started
@@ -728,12 +859,14 @@ async def _run(
                     delivered = (await ans.tokens() - tokens_before) if added else 0
                 fleet.tokens(index, delivered=delivered, wasted=await ans.count(dropped))
             finally:
-                if slot and limits is not None:
-                    limits.release(route)
                 if books == "acquired":
                     fleet.release(index)
                 elif books == "started":  # cancelled, or an error raised mid-attempt
                     fleet.abandoned(index)
+                if limits is not None:
+                    if slot:
+                        limits.release(route)
+                    limits.notify()  # an outcome is recorded: streams waiting on a probe wake
 
             dedup_fields: dict[str, Any] = {}
             if dedup is not None:
@@ -750,6 +883,9 @@ async def _run(
                 )
                 ans.failures[ans.pos] = 0
                 yield await ans.done(decoder.finish_reason or "stop")
+                if lingering is not None:
+                    # The caller has its done event; now let the connection go back to the pool.
+                    await _drain(lingering[0], min(ans.t_end - now(), 1.0))
                 return
 
             # -- the attempt failed: record it, then retry, resume, switch or give up --------
@@ -838,7 +974,20 @@ async def _run(
                 )
             if decision.delay > 0:
                 await anyio.sleep(decision.delay)
+    except (StreamError, GeneratorExit):
+        raise
+    except Exception as exc:
+        # A bug, not a failure of the upstream; still, nothing is lost and only a StreamError
+        # leaves the library.
+        raise ans.error(
+            StreamError,
+            f"unexpected error inside streamres ({type(exc).__name__}: {exc}); the partial "
+            "answer is kept. Please report this.",
+            None,
+        ) from exc
     finally:
-        if own_client and client is not None:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            if lingering is not None:
+                await _close(*lingering)
+            if own_client and client is not None:
                 await client.aclose()

@@ -15,7 +15,39 @@ from typing import Any
 from ._classify import Failure, failure
 from ._events import ToolCall
 
-__all__ = ["HttpRequest", "PartialCall", "StreamDecoder", "normalise_finish"]
+__all__ = [
+    "DECODE_ERRORS",
+    "HttpRequest",
+    "PartialCall",
+    "StreamDecoder",
+    "count",
+    "normalise_finish",
+    "text_or_none",
+]
+
+#: What valid JSON of the wrong shape raises in a decoder (``choices: "x"``, ``delta: 1``…) or
+#: what JSON nested deeper than Python's stack raises. The shell calls all of them malformed.
+DECODE_ERRORS = (
+    TypeError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    ValueError,
+    RecursionError,
+    OverflowError,
+)
+
+
+def count(value: Any, default: int | None) -> int | None:
+    """A token count as a server reported it, if it is one (an int, not a bool or text)."""
+    return value if type(value) is int and value >= 0 else default
+
+
+def text_or_none(value: Any) -> str | None:
+    """A text field: a string, or ``None`` (absent or null). Anything else is malformed."""
+    if value is None or type(value) is str:
+        return value
+    raise TypeError(f"expected a string, got {type(value).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +71,10 @@ _FINISH = {
 }
 
 
-def normalise_finish(reason: str) -> str:
+def normalise_finish(reason: Any) -> str:
     """Provider stop reasons in OpenAI's words: ``stop``, ``length``, ``tool_calls``…"""
+    if type(reason) is not str:
+        raise TypeError(f"a finish reason must be a string, got {type(reason).__name__}")
     return _FINISH.get(reason, reason)
 
 
@@ -58,8 +92,13 @@ class PartialCall:
     def complete(self) -> ToolCall | None:
         """The call, if its arguments arrived whole and parse as JSON; else None."""
         text = "".join(self.arguments)
-        if not (self.id and self.name and text) or (self.requires_close and not self.closed):
+        if not (self.id and self.name) or (self.requires_close and not self.closed):
             return None
+        if not text.strip():
+            # The turn ended (a finish reason) and the call was whole: a tool without
+            # parameters (Anthropic sends one empty input_json_delta; some servers leave
+            # arguments null). The official SDKs deliver "{}" too.
+            return ToolCall(id=self.id, name=self.name, arguments="{}")
         try:
             json.loads(text)
         except ValueError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ._classify import Failure
 
-__all__ = ["fallback_message", "reason_phrase", "resume_message", "retry_message"]
+__all__ = ["busy_message", "fallback_message", "reason_phrase", "resume_message", "retry_message"]
 
 _REASONS = {
     "capacity": "Model busy (at capacity)",
@@ -46,3 +46,9 @@ def resume_message(failure: Failure, *, delay: float, tokens: int) -> str:
 
 def fallback_message(from_model: str, to_model: str) -> str:
     return f"Many people are using {from_model} right now — switching you to {to_model}"
+
+
+def busy_message(wait: float, *, probing: bool) -> str:
+    if probing:
+        return "All models are busy — waiting for a test request to show one has recovered"
+    return f"All models are busy — trying again {_seconds(wait)}"

@@ -1,0 +1,74 @@
+"""Secrets kept out of every message, history entry and log line. Pure.
+
+An upstream may echo the key it was sent in an error body ("Incorrect API key provided:
+sk-abc…"), and a base URL may carry credentials (``https://user:KEY@host/v1``,
+``?api-key=KEY``). streamres knows every secret it sends, so it removes each of them, wherever
+it appears, from any text it shows or logs: the key itself, however the server quoted it, and
+the credentials of a URL.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from urllib.parse import parse_qsl, urlsplit
+
+__all__ = ["MASK", "Redactor", "redact_url", "url_secrets"]
+
+MASK = "[redacted]"
+
+#: Query parameters that carry credentials (Azure ``api-key``, Gemini ``key``, tokens…).
+_SECRET_PARAMS = re.compile(r"(?i)^(api[-_]?key|key|token|access[-_]?token|sig|signature)$")
+# A secret shorter than this is not searched for (it would mask ordinary words).
+_MIN_SECRET = 6
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials a URL carries: its password (and user name) and secret query values."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = [s for s in (parts.password, parts.username) if s]
+    found += [v for k, v in parse_qsl(parts.query) if _SECRET_PARAMS.match(k) and v]
+    return found
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its user information and secret query values masked."""
+    out = re.sub(r"(?<=://)[^/@?#]*@", MASK + "@", url, count=1)
+    return re.sub(
+        r"(?i)([?&](?:api[-_]?key|key|token|access[-_]?token|sig|signature)=)[^&#]*",
+        r"\g<1>" + MASK,
+        out,
+    )
+
+
+class Redactor:
+    """Masks a fixed set of secrets in any text.
+
+    >>> Redactor(["sk-abcdef123"]).redact("Incorrect API key provided: sk-abcdef123.")
+    'Incorrect API key provided: [redacted].'
+    """
+
+    __slots__ = ("_pattern",)
+
+    def __init__(self, secrets: Iterable[str | None]) -> None:
+        found = {s for s in secrets if s and len(s) >= _MIN_SECRET}
+        # Servers often echo a key shortened ("sk-abc***xyz"); the long-enough head and tail
+        # of a key are secrets too.
+        for s in list(found):
+            if len(s) >= 20:
+                found.update((s[:12], s[-8:]))
+        alternatives = sorted(found, key=len, reverse=True)
+        self._pattern = (
+            re.compile("|".join(re.escape(s) for s in alternatives)) if alternatives else None
+        )
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret, and every URL's credentials, masked."""
+        if self._pattern is not None:
+            text = self._pattern.sub(MASK, text)
+        if "://" in text and ("@" in text or "=" in text):
+            text = re.sub(r"\bhttps?://\S+", lambda m: redact_url(m.group(0)), text)
+        return text
