@@ -13,6 +13,7 @@
 
 from ._backoff import Backoff
 from ._balance import RetryBudget
+from ._bounds import ReadLimits
 from ._client import Client
 from ._continuation import CONTINUE_INSTRUCTION
 from ._errors import (
@@ -53,6 +54,7 @@ __all__ = [
     "Health",
     "InvalidRequest",
     "ModelMetrics",
+    "ReadLimits",
     "RequestRejected",
     "ResilientStream",
     "ResumeEvent",

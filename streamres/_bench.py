@@ -382,6 +382,49 @@ async def _soak(url: str, streams: int, seconds: float) -> dict[str, Any]:
     }
 
 
+# -- hostile upstreams: memory stays bounded -----------------------------------------------
+
+_ATTACKS = {
+    "clean answer (baseline)": "none",
+    "data: lines that never end an event": "flood@5",
+    "gzip bomb (2 MiB -> 1 GiB)": "bomb",
+}
+
+
+async def _probe(url: str) -> dict[str, Any]:
+    """One answer with one attempt, in this (child) process: outcome, time, peak RSS."""
+    started = time.perf_counter()
+    outcome = "done"
+    try:
+        async for _ in streamres.stream_resilient(
+            Q, model="m", base_url=url, api_key="x", max_attempts=1, deadline=60
+        ):
+            pass
+    except streamres.StreamError as exc:
+        outcome = f"{type(exc).__name__} ({exc.reason})"
+    return {
+        "outcome": outcome,
+        "seconds": round(time.perf_counter() - started, 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def _hostile() -> list[dict[str, Any]]:
+    """Peak RSS of a client process under each attack, next to a clean answer's."""
+    rows = []
+    for name, faults in _ATTACKS.items():
+        with _server("--faults", faults) as url:
+            out = subprocess.run(
+                [sys.executable, "-m", "streamres._bench", "--probe", url],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+        rows.append({"attack": name, **json.loads(out.stdout.strip().splitlines()[-1])})
+    return rows
+
+
 # -- report --------------------------------------------------------------------------------
 
 
@@ -418,6 +461,8 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
     with _server("--chaos", "0.5,0.33,0.05", "--ping-interval", "0.2") as url:
         print("chaos soak…", file=sys.stderr)
         report["soak"] = await _soak(url, 20 if args.quick else args.soak, 60.0)
+    print("hostile upstreams…", file=sys.stderr)
+    report["hostile"] = _hostile()
     return report
 
 
@@ -427,10 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="runs per throughput figure (median)")
     p.add_argument("--soak", type=int, default=200, help="concurrent streams in the chaos soak")
     p.add_argument("--json", default="bench-results.json", help="where to write the results")
+    p.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one answer in a child process
     args = p.parse_args(argv)
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
     )
+    if args.probe:
+        print(json.dumps(anyio.run(_probe, args.probe)))
+        return 0
     report = anyio.run(_all, args)
     print("\nThroughput (µs per SSE event, median; ratio to httpx-sse + json.loads)")
     print(
@@ -466,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\nChaos soak")
     print(_table([report["soak"]], list(report["soak"])))
+    print("\nHostile upstreams (one attempt, client process peak RSS)")
+    print(_table(report["hostile"], ["attack", "outcome", "seconds", "peak_rss_mib"]))
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     print(f"\nwritten to {args.json}")

@@ -18,6 +18,7 @@ import httpx
 
 from ._backoff import Backoff
 from ._balance import RetryBudget
+from ._bounds import ReadLimits
 from ._errors import InvalidRequest
 from ._fleet import Fleet
 from ._limits import Limits
@@ -60,6 +61,7 @@ class Client:
         backoff: Backoff | None = None,
         fallback_after: int = 2,
         rng: random.Random | None = None,
+        read_limits: ReadLimits | None = None,
     ) -> None:
         if not routes:
             raise InvalidRequest("a Client needs at least one Route", reason="invalid")
@@ -89,6 +91,7 @@ class Client:
         self._backoff = backoff
         self._fallback_after = fallback_after
         self._rng = rng or random.Random()
+        self._read_limits = read_limits
 
     async def __aenter__(self) -> Client:
         if self._http is None:
@@ -148,6 +151,7 @@ class Client:
             headers=headers,
             more=more,
             rng=self._rng,
+            read_limits=self._read_limits,
         )
         return ResilientStream(_run(opts, self._http, self._limits))
 

@@ -32,7 +32,7 @@ class Inflater:
     b'data: hi\\n\\n'
     """
 
-    __slots__ = ("_raw_deflate", "_z", "encoding", "limit")
+    __slots__ = ("_fed", "_raw_deflate", "_z", "encoding", "limit")
 
     def __init__(self, encoding: str | None, *, limit: int = MAX_INFLATE) -> None:
         codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip()]
@@ -40,6 +40,7 @@ class Inflater:
         self.encoding = ",".join(codings)
         self.limit = limit
         self._raw_deflate = False
+        self._fed = False
         self._z: zlib._Decompress | None = None
         if not codings:
             return
@@ -48,6 +49,11 @@ class Inflater:
         # wbits 47: zlib or gzip header, detected; raw deflate is tried on the first error.
         self._z = zlib.decompressobj(47 if codings[0] != "deflate" else 15)
         self._raw_deflate = codings[0] == "deflate"
+
+    def close(self) -> None:
+        """The body ended: raise :class:`InflateError` if its compressed stream did not."""
+        if self._z is not None and self._fed and not self._z.eof:
+            raise InflateError(f"the {self.encoding} body ended before its compressed stream did")
 
     @property
     def identity(self) -> bool:
@@ -68,6 +74,7 @@ class Inflater:
             self._z = zlib.decompressobj(-15)
             return self.feed(raw)
         self._raw_deflate = False
+        self._fed = True
         if z.unconsumed_tail:
             raise InflateError(
                 f"one read of the {self.encoding} body expands past {self.limit} bytes"

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._backoff import Backoff
+from ._bounds import ReadLimits
 from ._errors import InvalidRequest
 from ._fleet import Fleet
+from ._redact import redact_url
 from ._routes import Route
 
 __all__ = ["Options", "check_options", "resolve_route"]
@@ -47,6 +49,7 @@ class Options:
     headers: dict[str, str]
     extra_body: dict[str, Any]
     rng: random.Random = field(default_factory=random.Random)
+    read_limits: ReadLimits = field(default_factory=ReadLimits)
 
 
 def resolve_route(route: Route) -> Route:
@@ -60,7 +63,8 @@ def resolve_route(route: Route) -> Route:
     env_url, official, env_key = _DEFAULTS[route.provider]
     url = route.base_url or os.environ.get(env_url) or official
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise _bad(f"base_url must be an http:// or https:// URL, not {url!r}")
+        shown = redact_url(url) if isinstance(url, str) else url
+        raise _bad(f"base_url must be an http:// or https:// URL, not {shown!r}")
     key = route.api_key if route.api_key is not None else os.environ.get(env_key)
     if not key and url == official:
         raise _bad(f"no API key for {official}: pass api_key=... or set {env_key}")
@@ -87,6 +91,7 @@ def check_options(
     headers: Mapping[str, str] | None,
     more: dict[str, Any],
     rng: random.Random | None,
+    read_limits: ReadLimits | None = None,
 ) -> Options:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise _bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -123,4 +128,5 @@ def check_options(
         headers=dict(headers or {}),
         extra_body=more,
         rng=rng or random.Random(),
+        read_limits=read_limits or ReadLimits(),
     )

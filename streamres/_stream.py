@@ -28,6 +28,7 @@ import httpx
 
 from . import _anthropic, _openai, _responses
 from ._backoff import Backoff, after_hint
+from ._bounds import ReadLimits
 from ._classify import (
     Failure,
     classify_not_a_stream,
@@ -131,6 +132,7 @@ def stream_resilient(
     fallback_after: int = 2,
     headers: Mapping[str, str] | None = None,
     rng: random.Random | None = None,
+    read_limits: ReadLimits | None = None,
     **more: Any,
 ) -> ResilientStream:
     """Stream one answer, surviving capacity errors, drops, stalls and truncations.
@@ -186,6 +188,7 @@ def stream_resilient(
         headers=headers,
         more=more,
         rng=rng,
+        read_limits=read_limits,
     )
     return ResilientStream(_run(opts, client, None))
 
@@ -642,7 +645,7 @@ async def _run(
                     return
                 _, decoder_cls = _PROVIDERS[route.provider]
                 decoder = decoder_cls()
-                sse = SSEDecoder()
+                sse = SSEDecoder(max_line=opts.read_limits.line, max_event=opts.read_limits.event)
                 started = now()
                 first_content: float | None = None
                 chars_before = ans.chars
@@ -677,7 +680,10 @@ async def _run(
                 body_iter: AsyncIterator[bytes] | None = None
                 if response is not None:
                     try:
-                        inflater = Inflater(response.headers.get("content-encoding"))
+                        inflater = Inflater(
+                            response.headers.get("content-encoding"),
+                            limit=opts.read_limits.inflate,
+                        )
                         status = response.status_code
                         if status >= 300 or not is_event_stream(response.headers):
                             body = await _read_body(
@@ -700,7 +706,7 @@ async def _run(
                         else:
                             body_iter = response.aiter_raw()
                             chunks = body_iter.__aiter__()
-                            last_content = started
+                            last_content = now()  # the stall timer starts with the headers
                             while fail is None:
                                 limit = min(ans.t_end, last_content + opts.stall_timeout)
                                 release = dedup.release_at if dedup is not None else None
@@ -729,6 +735,7 @@ async def _run(
                                     )
                                     break
                                 if eof:
+                                    inflater.close()
                                     events = sse.close()
                                 elif inflater.identity:
                                     events = sse.feed(chunk or b"")

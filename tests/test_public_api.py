@@ -24,6 +24,7 @@ PUBLIC = {
     "ResumeEvent",
     "RetryBudget",
     "RetryEvent",
+    "ReadLimits",
     "Route",
     "StatusEvent",
     "StreamError",

@@ -16,6 +16,8 @@ seeded random draw for a sustained storm. Faults are written compactly, comma-se
     malformed@10             a chunk that is not JSON
     truncate@50              clean end of the body after 50 tokens, no terminal event
     done-no-finish@15        [DONE] / message_stop with no finish reason (llama-cpp-python)
+    flood@20                 after 20 tokens, ``data:`` lines that never end their event
+    bomb                     200 whose gzip body inflates to 1 GiB of keep-alive comments
     empty                    200 with an empty body that closes cleanly
     ok                       no fault
     429*3                    the same fault three times in a row
@@ -41,6 +43,8 @@ FaultKind = Literal[
     "malformed",
     "truncate",
     "done-no-finish",
+    "flood",
+    "bomb",
     "empty",
     "ok",
 ]
@@ -52,6 +56,7 @@ _MIDSTREAM = (
     "malformed",
     "truncate",
     "done-no-finish",
+    "flood",
 )
 
 
@@ -101,11 +106,11 @@ def _parse_one(item: str) -> list[Fault]:
     fault = Fault()
     if kind.isdigit():
         fault = Fault(kind="status", status=int(kind))
-    elif kind in ("at-capacity", "empty", "ok", *_MIDSTREAM):
+    elif kind in ("at-capacity", "empty", "bomb", "ok", *_MIDSTREAM):
         fault = Fault(kind=kind, after=int(after) if after else 0)  # type: ignore[arg-type]
     else:
         raise ValueError(
-            f"unknown fault {item!r}: use a status (429), at-capacity, empty, ok, or "
+            f"unknown fault {item!r}: use a status (429), at-capacity, empty, bomb, ok, or "
             f"one of {', '.join(_MIDSTREAM)} with @TOKENS"
         )
     for opt in filter(None, (o.strip() for o in opts.replace(";", ",").split(","))):

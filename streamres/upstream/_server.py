@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import functools
 import json
 import socket
 import struct
 import time
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -140,6 +142,23 @@ def _input_messages(items: Any) -> list[dict[str, Any]]:
     return messages
 
 
+@functools.cache
+def _bomb() -> bytes:
+    """~2 MiB of gzip that inflates to 1 GiB of keep-alive comment lines (made once).
+
+    One 1 MiB block is compressed after a full flush, which resets the compressor's history,
+    so its compressed form is the same every time and can simply be repeated."""
+    block = (b": " + b"x" * 1021 + b"\n") * 1024  # 1 MiB
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)
+    part = z.compress(block) + z.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(1024):
+        crc = zlib.crc32(block, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    trailer = struct.pack("<II", crc, (1024 * len(block)) & 0xFFFFFFFF)
+    return header + part * 1024 + z.flush() + trailer
+
+
 class _Reset(Exception):
     """Drop the connection abruptly (RST), as a crashed server would."""
 
@@ -172,6 +191,7 @@ class Upstream:
         ping_interval: float = 0.5,
         stall_seconds: float = 300.0,
         max_in_flight: int | None = None,
+        quota_retry_after: float | None = None,
     ) -> None:
         self.port = port
         self.faults = faults if isinstance(faults, FaultPlan) else FaultPlan(faults or "")
@@ -184,6 +204,8 @@ class Upstream:
         self.ping_interval = ping_interval
         self.stall_seconds = stall_seconds
         self.max_in_flight = max_in_flight
+        #: Retry-After sent with the 429 of a full quota (``None``: no header).
+        self.quota_retry_after = quota_retry_after
         self.requests: list[RecordedRequest] = []
         #: TCP connections open right now.
         self.open_connections = 0
@@ -211,9 +233,10 @@ class Upstream:
         """Base URL for ``provider="anthropic"`` (like ``https://api.anthropic.com``)."""
         return self.url
 
-    def answer(self, messages: list[dict[str, Any]]) -> str:
-        """The full answer this upstream gives to ``messages`` (OpenAI-style)."""
-        return answer_for(messages, words=self.words)
+    def answer(self, messages: list[dict[str, Any]], *, words: int | None = None) -> str:
+        """The full answer this upstream gives to ``messages`` (OpenAI-style); ``words`` as a
+        request's ``x-upstream-words`` header sets it."""
+        return answer_for(messages, words=self.words if words is None else words)
 
     async def wait_idle(self) -> None:
         """Return once no client connection is open (tests: nothing leaked)."""
@@ -328,12 +351,17 @@ class Upstream:
         )
 
     @staticmethod
-    async def _start_events(conn: h11.Connection, stream: anyio.abc.SocketStream) -> None:
+    async def _start_events(
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        extra: list[tuple[str, str]] | None = None,
+    ) -> None:
         """The head of a 200 event stream (its body follows in chunks)."""
         headers = [
             ("content-type", "text/event-stream; charset=utf-8"),
             ("cache-control", "no-cache"),
             ("transfer-encoding", "chunked"),
+            *(extra or []),
         ]
         await stream.send(conn.send(h11.Response(status_code=200, headers=headers)))
 
@@ -425,7 +453,13 @@ class Upstream:
 
         limit = spec.max_in_flight if spec.max_in_flight is not None else self.max_in_flight
         if limit is not None and self._counters.in_flight.get(model, 0) >= limit:
-            await refuse(429, "rate_limit_error", "Too many concurrent requests for this model")
+            hint = self.quota_retry_after
+            await refuse(
+                429,
+                "rate_limit_error",
+                "Too many concurrent requests for this model",
+                [("retry-after", f"{hint:g}")] if hint is not None else None,
+            )
             return
 
         if fault.kind in ("status", "at-capacity"):
@@ -472,6 +506,11 @@ class Upstream:
         delay = spec.token_delay if spec.token_delay is not None else self.token_delay
         self._enter(model)
         try:
+            if fault.kind == "bomb":
+                await self._start_events(conn, stream, [("content-encoding", "gzip")])
+                await stream.send(conn.send(h11.Data(data=_bomb())))
+                await stream.send(conn.send(h11.EndOfMessage()))
+                return
             await self._start_events(conn, stream)
             if fault.kind == "empty":
                 await stream.send(conn.send(h11.EndOfMessage()))
@@ -543,7 +582,7 @@ class Upstream:
         render: Render,
     ) -> None:
         """Send stored events, with a mid-stream fault after ``fault.after`` text deltas."""
-        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty")
+        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty", "bomb")
         deltas = 0
         for _, data, is_delta in events:
             if is_delta:
@@ -587,7 +626,7 @@ class Upstream:
                 await stream.send(conn.send(h11.Data(data=bytes(buf))))
                 buf.clear()
 
-        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty")
+        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty", "bomb")
         emitted = tokens = 0  # deltas (what fault positions count) and tokens
         finish = "tool_calls" if reply.tool_calls else "stop"
         for item in _script(render, reply):
@@ -628,6 +667,11 @@ class Upstream:
             tail = render.malformed()
         elif kind == "done-no-finish":
             tail = render.terminator_without_finish()
+        elif kind == "flood":
+            # data: lines that never end their event, until the client gives up.
+            line = b"data: " + b"x" * 65_000 + b"\n"
+            while True:
+                await stream.send(conn.send(h11.Data(data=line)))
         elif kind == "stall":
             until = anyio.current_time() + self.stall_seconds
             while anyio.current_time() < until:
