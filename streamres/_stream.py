@@ -632,7 +632,9 @@ async def _run(
                         break
                 # -- a slot under the route's and the account's concurrency limits ----------
                 if limits is not None:
+                    asked = now()
                     slot = await limits.acquire(route, ans.t_end - now())
+                    fleet.queued(index, now() - asked)
                     if not slot:
                         raise ans.error(
                             DeadlineExceeded,
