@@ -22,6 +22,7 @@ from ._errors import (
     InvalidRequest,
     RequestRejected,
     StreamError,
+    UpstreamUnreachable,
 )
 from ._events import (
     Attempt,
@@ -67,6 +68,7 @@ __all__ = [
     "ThinkingEvent",
     "ToolCall",
     "ToolCallEvent",
+    "UpstreamUnreachable",
     "Usage",
     "stream_resilient",
 ]

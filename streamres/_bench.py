@@ -359,7 +359,7 @@ async def _soak(url: str, streams: int, seconds: float) -> dict[str, Any]:
                     (
                         expected.startswith(exc.partial_text) and exc.partial_text == text,
                         anyio.current_time() - t,
-                        len(exc.attempts),
+                        exc.attempts,
                     )
                 )
 

@@ -73,6 +73,8 @@ class Failure:
     retry_after: float | None = None
     #: The server told us this model is full right now: try another model at once.
     switch_model: bool = False
+    #: No connection was ever made for this attempt (refused, DNS, TLS, connect timeout).
+    connect: bool = False
 
     @property
     def retryable(self) -> bool:
@@ -181,13 +183,25 @@ def _error_of_body(body: str) -> Any:
     return {"message": body.strip()[:500]}
 
 
-def classify_response(status: int, headers: Mapping[str, str], body: str, *, now: float) -> Failure:
+#: Statuses that mean "no such endpoint here" when no API error object comes with them.
+_NOT_AN_API = frozenset({404, 405, 501})
+
+
+def _is_html(headers: Mapping[str, str]) -> bool:
+    return _media_type(headers) in ("text/html", "application/xhtml+xml")
+
+
+def classify_response(
+    status: int, headers: Mapping[str, str], body: str, *, now: float, url: str = ""
+) -> Failure:
     """Classify a non-2xx HTTP response.
 
     The message wins (an overload sent as 400 is still an overload), then an explicit quota or
     capacity type, then the status. ``x-should-retry`` (sent by OpenAI and Anthropic) overrides
     as it does in their SDKs. ``headers`` must be case-insensitive (httpx's are); ``now`` is the
-    wall-clock time (Unix seconds) for a ``Retry-After`` given as an HTTP date.
+    wall-clock time (Unix seconds) for a ``Retry-After`` given as an HTTP date. With ``url``,
+    a 404/405/501 (or an HTML 4xx page) without an LLM API's error object is read as a URL that
+    does not lead to an LLM API, and said so.
     """
     message, error_type, names = _describe(_error_of_body(body))
     kind = _by_message(message)
@@ -198,6 +212,14 @@ def classify_response(status: int, headers: Mapping[str, str], body: str, *, now
             kind = "capacity"
         else:
             kind = _by_status(status)
+    if url and not names and (status in _NOT_AN_API or (status < 500 and _is_html(headers))):
+        # No error object of any LLM API: a web server, a proxy, a wrong path.
+        kind = "permanent"
+        shown = f" ({message[:120]})" if message and not _is_html(headers) else ""
+        message = (
+            f"{url} answered HTTP {status}{shown}, which is not what an LLM API answers: check "
+            "base_url (OpenAI-compatible servers usually end in /v1) and provider"
+        )
     should_retry = headers.get("x-should-retry")
     if should_retry == "false" and kind != "prefill_rejected":
         kind = "permanent"

@@ -16,6 +16,7 @@ import anyio
 import structlog
 
 import streamres
+from streamres._cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
 from streamres.chat import DEFAULT_MODELS, add_target_arguments, real_target
 from streamres.upstream import PRESETS, FaultPlan, Upstream
 
@@ -24,14 +25,18 @@ __all__ = ["main"]
 _DEMO_MODEL = "demo-large"
 
 
-def _configure_logs(verbose: bool, *, quiet: bool = False) -> None:
-    """Where the library's structlog events go in this app: stderr, warnings and worse
-    (errors only for the chat, which shows failures itself), everything with --verbose."""
-    level = logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING
+def _configure_logs(verbose: bool) -> None:
+    """Where the library's structlog events go in this app: nowhere by default (the commands
+    say what happened themselves, once), everything on stderr with --verbose."""
+    level = logging.DEBUG if verbose else logging.CRITICAL
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _faults(spec: str) -> FaultPlan:
@@ -67,8 +72,18 @@ async def _target(
         )
 
 
-async def _ask(args: argparse.Namespace) -> int:
-    messages = [{"role": "user", "content": args.question}]
+def _question(args: argparse.Namespace) -> str:
+    """The question: the argument, ``-`` for standard input, or ``--file``."""
+    if args.file is not None:
+        with open(args.file, encoding="utf-8") as f:
+            return f.read()
+    if args.question == "-":
+        return sys.stdin.read()
+    return str(args.question)
+
+
+async def _ask(args: argparse.Namespace, question: str) -> int:
+    messages = [{"role": "user", "content": question}]
     err = sys.stderr
     async with _target(args) as (target, upstream):
         models = target.pop("model")
@@ -79,6 +94,7 @@ async def _ask(args: argparse.Namespace) -> int:
                 model=models if len(models) > 1 else models[0],
                 deadline=args.deadline,
                 stall_timeout=args.stall_timeout,
+                first_token_timeout=args.first_token_timeout,
                 max_tokens=args.max_tokens,
                 **target,
             ) as events:
@@ -91,9 +107,9 @@ async def _ask(args: argparse.Namespace) -> int:
                         sys.stdout.write("\n")
                         print(
                             f"\n[done: {ev.finish_reason}, model {ev.model}, "
-                            f"{ev.attempts} attempt(s), {ev.resumes} resume(s), "
-                            f"{ev.deduplicated_chars} repeated characters removed, "
-                            f"{ev.usage.delivered_tokens} tokens, {ev.elapsed:.1f} s]",
+                            f"{plural(ev.attempts, 'attempt')}, {plural(ev.resumes, 'resume')}, "
+                            f"{plural(ev.deduplicated_chars, 'repeated character')} removed, "
+                            f"{plural(ev.usage.delivered_tokens, 'token')}, {ev.elapsed:.1f} s]",
                             file=err,
                         )
                         if upstream is not None:
@@ -140,39 +156,84 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="streamres", description="LLM answers that keep streaming when a model is at capacity."
+    parser = Parser(
+        prog="streamres",
+        description="LLM answers that keep streaming when a model is at capacity.",
     )
-    parser.add_argument("--verbose", "-v", action="store_true", help="debug logs on stderr")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--verbose", "-v", action="store_true", help="the library's logs on stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     sub.add_parser("chat", help="terminal chat (see `streamres chat --help`)", add_help=False)
     sub.add_parser("bench", help="benchmarks and a chaos soak (`streamres bench --help`)")
 
     ask = sub.add_parser(
-        "ask", help="stream one answer (offline against the embedded upstream by default)"
+        "ask",
+        help="stream one answer (offline against the embedded upstream by default)",
+        description="Stream one answer to QUESTION and print it. Without a real service "
+        "configured (OPENAI_API_KEY, ANTHROPIC_API_KEY, --base-url), the embedded upstream "
+        "answers through a fault storm, and the command says whether the answer came out "
+        "identical to the upstream's own text. Exit code 0 on success, 1 on failure (the "
+        "partial answer is still printed), 2 for a usage error.",
     )
-    ask.add_argument("question")
+    ask.add_argument("question", nargs="?", help="the question; - reads it from standard input")
+    ask.add_argument("--file", "-f", help="read the question from this file")
     add_target_arguments(ask, token_delay=0.015)
-    ask.add_argument("--stall-timeout", type=float, default=2.0)
-    ask.add_argument("--max-tokens", type=int)
-
-    serve = sub.add_parser("serve", help="run the embedded upstream on 127.0.0.1")
-    serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument("--faults", default="none")
-    serve.add_argument("--token-delay", type=float, default=0.0)
-    serve.add_argument("--words", type=int, default=90)
-    serve.add_argument("--prefill", choices=["continue", "restart", "reject"], default="continue")
-    serve.add_argument(
-        "--instruct", choices=["overlap", "exact", "restart", "preamble"], default="overlap"
+    ask.add_argument(
+        "--stall-timeout",
+        type=positive_seconds,
+        help="fixed seconds without output before resuming (default: adaptive, following the "
+        "stream's own pace)",
     )
-    serve.add_argument("--max-in-flight", type=int)
-    serve.add_argument("--ping-interval", type=float, default=0.5, help="keep-alives while stalled")
+    ask.add_argument(
+        "--first-token-timeout",
+        type=positive_seconds,
+        default=60.0,
+        help="seconds to wait for an attempt's first output (reasoning models think first)",
+    )
+    ask.add_argument(
+        "--max-tokens", type=positive_int, help="budget for the whole answer, across resumes"
+    )
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the embedded upstream on 127.0.0.1",
+        description="Run the embedded upstream (a deterministic fake LLM server speaking the "
+        "OpenAI and Anthropic streaming APIs) on 127.0.0.1, with the faults asked for.",
+    )
+    serve.add_argument("--port", type=port, default=8765, help="port on 127.0.0.1 (0: any free)")
+    serve.add_argument(
+        "--faults", default="none", help="none, light, storm, or a plan such as 529,reset@40"
+    )
+    serve.add_argument(
+        "--token-delay", type=seconds_or_zero, default=0.0, help="seconds between tokens"
+    )
+    serve.add_argument("--words", type=positive_int, default=90, help="answer length in words")
+    serve.add_argument(
+        "--prefill",
+        choices=["continue", "restart", "reject"],
+        default="continue",
+        help="how a prefill continuation is answered",
+    )
+    serve.add_argument(
+        "--instruct",
+        choices=["overlap", "exact", "restart", "preamble"],
+        default="overlap",
+        help="how an instruct continuation is answered",
+    )
+    serve.add_argument(
+        "--max-in-flight", type=positive_int, help="streams per model at once; more get 429"
+    )
+    serve.add_argument(
+        "--ping-interval",
+        type=positive_seconds,
+        default=0.5,
+        help="seconds between keep-alives while stalled",
+    )
     serve.add_argument(
         "--chaos",
         metavar="CONNECT,MIDSTREAM,STALL",
         help="a sustained random storm: shares of refused connects, broken and stalled streams",
     )
-    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--seed", type=int, default=0, help="seed of the --chaos storm")
     return parser
 
 
@@ -185,15 +246,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["chat"]:
         from streamres import chat
 
-        return chat.main(argv[1:], configure=lambda: _configure_logs(False, quiet=True))
-    args = _parser().parse_args(argv)
+        return chat.main(argv[1:], configure=lambda: _configure_logs(False))
+    parser = _parser()
+    args = parser.parse_args(argv)
     _configure_logs(args.verbose)
     try:
         if args.command == "ask":
-            return anyio.run(_ask, args)
+            if (args.question is None) == (args.file is None):
+                parser.error("ask needs a QUESTION (or -) or --file, not both")
+            try:
+                question = _question(args)
+            except OSError as exc:
+                parser.error(f"cannot read the question: {exc.strerror}: {exc.filename}")
+            if not question.strip():
+                parser.error("the question is empty")
+            return anyio.run(_ask, args, question)
         anyio.run(_serve, args)
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # serve: the port is taken, or not ours to take
+        print(
+            f"streamres serve: cannot listen on 127.0.0.1:{args.port} — {exc.strerror or exc}"
+            " (is another server running there? pick another --port)",
+            file=sys.stderr,
+        )
+        return 2
     except ValueError as exc:  # bad fault plan and the like
         print(f"streamres: {exc}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from ._limits import Limits
 from ._metrics import Health, ModelMetrics
 from ._options import check_options, resolve_route
 from ._routes import Route
+from ._stall import FIRST_OUTPUT
 from ._stream import ResilientStream, _run, _shared_ssl_context
 
 __all__ = ["Client"]
@@ -57,21 +58,49 @@ class Client:
         retry_budget: RetryBudget | None = None,
         http_client: httpx.AsyncClient | None = None,
         deadline: float = 120.0,
-        stall_timeout: float = 30.0,
+        stall_timeout: float | None = None,
+        first_token_timeout: float = FIRST_OUTPUT,
         backoff: Backoff | None = None,
         fallback_after: int = 2,
         rng: random.Random | None = None,
         read_limits: ReadLimits | None = None,
     ) -> None:
-        if not routes:
-            raise InvalidRequest("a Client needs at least one Route", reason="invalid")
+        if isinstance(routes, (str, bytes)) or not isinstance(routes, Sequence) or not routes:
+            raise InvalidRequest(
+                "a Client needs a non-empty list of streamres.Route(...)", reason="invalid"
+            )
+        if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
+            raise InvalidRequest(
+                f"http_client must be an httpx.AsyncClient (or None), not {http_client!r:.60}",
+                reason="invalid",
+            )
+        if retry_budget is not None and not isinstance(retry_budget, RetryBudget):
+            raise InvalidRequest(
+                f"retry_budget must be a streamres.RetryBudget(...), not {retry_budget!r:.60}",
+                reason="invalid",
+            )
+        limits = account_limits or {}
+        if not isinstance(limits, Mapping) or not all(
+            isinstance(k, str) and type(v) is int and v >= 1 for k, v in limits.items()
+        ):
+            raise InvalidRequest(
+                "account_limits must map account names (base URLs) to positive integers, not "
+                f"{account_limits!r:.80}",
+                reason="invalid",
+            )
         resolved = [resolve_route(r) for r in routes]
         keys = [r.key for r in resolved]
         if len(set(keys)) != len(keys):
             raise InvalidRequest(
                 f"route names must be unique ({keys}); give duplicates a name=", reason="invalid"
             )
-        if breaker_threshold < 1 or breaker_recovery < 0:
+        if (
+            type(breaker_threshold) is not int
+            or breaker_threshold < 1
+            or isinstance(breaker_recovery, bool)
+            or not isinstance(breaker_recovery, (int, float))
+            or breaker_recovery < 0
+        ):
             raise InvalidRequest(
                 "breaker_threshold must be >= 1 and breaker_recovery >= 0", reason="invalid"
             )
@@ -82,12 +111,30 @@ class Client:
             breaker_recovery=breaker_recovery,
             budget=retry_budget,
         )
+        # The stream defaults are checked now, as they will be at each stream.
+        check_options(
+            [{"role": "user", "content": ""}],
+            fleet=self.fleet,
+            chain=[0],
+            deadline=deadline,
+            stall_timeout=stall_timeout,
+            first_token_timeout=first_token_timeout,
+            max_tokens=None,
+            max_attempts=None,
+            backoff=backoff,
+            fallback_after=fallback_after,
+            headers=None,
+            more={},
+            rng=rng,
+            read_limits=read_limits,
+        )
         self._account_limits = dict(account_limits or {})
         self._limits: Limits | None = None
         self._http = http_client
         self._own_http = http_client is None
         self._deadline = deadline
         self._stall_timeout = stall_timeout
+        self._first_token_timeout = first_token_timeout
         self._backoff = backoff
         self._fallback_after = fallback_after
         self._rng = rng or random.Random()
@@ -118,6 +165,7 @@ class Client:
         fallback: bool = True,
         deadline: float | None = None,
         stall_timeout: float | None = None,
+        first_token_timeout: float | None = None,
         max_tokens: int | None = None,
         max_attempts: int | None = None,
         headers: Mapping[str, str] | None = None,
@@ -130,8 +178,13 @@ class Client:
             raise InvalidRequest(
                 "use the client inside `async with Client(...) as client:`", reason="invalid"
             )
+        if model is not None and not isinstance(model, (str, Sequence)):
+            raise InvalidRequest(
+                f"model must be a route name, a list of them, or None, not {model!r:.60}",
+                reason="invalid",
+            )
         names = [model] if isinstance(model, str) else list(model or [])
-        unknown = [m for m in names if m not in self.fleet.by_key]
+        unknown = [m for m in names if not isinstance(m, str) or m not in self.fleet.by_key]
         if unknown:
             raise InvalidRequest(
                 f"unknown model {unknown[0]!r}; routes are {sorted(self.fleet.by_key)}",
@@ -144,6 +197,9 @@ class Client:
             chain=chain,
             deadline=self._deadline if deadline is None else deadline,
             stall_timeout=self._stall_timeout if stall_timeout is None else stall_timeout,
+            first_token_timeout=(
+                self._first_token_timeout if first_token_timeout is None else first_token_timeout
+            ),
             max_tokens=max_tokens,
             max_attempts=max_attempts,
             backoff=self._backoff,

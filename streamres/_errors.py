@@ -6,11 +6,15 @@
     │                                  404/422…): retrying cannot help, so it was not retried
     ├── DeadlineExceeded (TimeoutError)  the overall deadline ran out, or a Retry-After would
     │                                  outlast it
+    ├── UpstreamUnreachable (ConnectionError)  no connection could be made to the server(s):
+    │                                  refused, DNS, TLS, connect timeout — after a few quick
+    │                                  tries, since the URL never answered
     └── AttemptsExhausted              the optional ``max_attempts`` cap was reached
 
 Each carries ``partial_text`` (exactly the text already yielded as ``text`` events, so nothing
-is lost), ``attempts`` (the history, one :class:`~streamres.Attempt` per request) and
-``model``. No bare httpx exception escapes the public API.
+is lost), ``history`` (one :class:`~streamres.Attempt` per request), ``attempts`` (how many:
+the same name and meaning as on the done event) and ``model``. No bare httpx exception escapes
+the public API.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ __all__ = [
     "InvalidRequest",
     "RequestRejected",
     "StreamError",
+    "UpstreamUnreachable",
 ]
 
 
@@ -34,7 +39,7 @@ class StreamError(Exception):
         message: str,
         *,
         partial_text: str = "",
-        attempts: tuple[Attempt, ...] = (),
+        history: tuple[Attempt, ...] = (),
         model: str | None = None,
         status_code: int | None = None,
         reason: str | None = None,
@@ -42,11 +47,17 @@ class StreamError(Exception):
         super().__init__(message)
         self.message = message
         self.partial_text = partial_text
-        self.attempts = attempts
+        #: Every request made for the answer, in order.
+        self.history = history
         self.model = model
         self.status_code = status_code
         #: The failure kind behind the error (``capacity``, ``permanent``, ``stall``…).
         self.reason = reason
+
+    @property
+    def attempts(self) -> int:
+        """How many requests were made (``len(history)``), as on the done event."""
+        return len(self.history)
 
     def __str__(self) -> str:
         if self.partial_text:
@@ -68,3 +79,9 @@ class DeadlineExceeded(StreamError, TimeoutError):
 
 class AttemptsExhausted(StreamError):
     """``max_attempts`` requests were made without completing the answer."""
+
+
+class UpstreamUnreachable(StreamError, ConnectionError):
+    """No connection could be made to the server: refused, DNS failure, TLS failure or a
+    connect timeout, tried a few times in quick succession because the URL had never answered.
+    The message names the URL, the cause and what to check."""

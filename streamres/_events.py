@@ -29,11 +29,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token usage, summed over every attempt of one answer.
+    """Token usage, summed over every attempt of one answer — what a person can bill from.
 
-    ``input_tokens``/``output_tokens`` are what the servers reported (``None`` when no attempt
-    reported them: unknown, not zero). ``delivered_tokens`` counts the final answer with the
-    token ledger; ``wasted_tokens`` the text generated again after a resume and dropped.
+    ``input_tokens`` is what the servers reported (``None`` when none did: unknown, not zero).
+    ``output_tokens`` adds, per attempt, what its server reported or, for an attempt that broke
+    before reporting (they never do), the ledger's count of what it generated; ``estimated`` is
+    true when any attempt's count is such an estimate, and then the total is never below
+    ``delivered_tokens``. ``delivered_tokens`` counts the final answer with the token ledger;
+    ``wasted_tokens`` the text generated again after a resume and dropped. Each attempt's own
+    figures are in ``DoneEvent.history``.
     """
 
     input_tokens: int | None = None
@@ -42,6 +46,8 @@ class Usage:
     wasted_tokens: int = 0
     #: The tiktoken encoding used for the ledger, or ``"approximate"``.
     encoding: str = ""
+    #: Some attempt's output count is the ledger's estimate, not a server's report.
+    estimated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,11 @@ class Attempt:
     repeated_chars: int = 0
     held_chars: int = 0
     hold_seconds: float = 0.0
+    #: Tokens as the server reported them for this attempt (``None``: not reported).
+    input_tokens: int | None = None
+    #: Output tokens: reported, or (``estimated``) counted by the ledger for a broken attempt.
+    output_tokens: int | None = None
+    estimated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ Bad input raises :class:`~streamres.InvalidRequest` at once, saying what is wron
 
 from __future__ import annotations
 
+import difflib
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -17,8 +18,16 @@ from ._errors import InvalidRequest
 from ._fleet import Fleet
 from ._redact import redact_url
 from ._routes import Route
+from ._stall import FIRST_OUTPUT
 
-__all__ = ["Options", "check_options", "resolve_route"]
+__all__ = [
+    "KNOWN_ARGUMENTS",
+    "Options",
+    "check_headers",
+    "check_more",
+    "check_options",
+    "resolve_route",
+]
 
 _DEFAULTS = {
     "openai": ("OPENAI_BASE_URL", "https://api.openai.com/v1", "OPENAI_API_KEY"),
@@ -41,7 +50,9 @@ class Options:
     fleet: Fleet
     chain: tuple[int, ...]
     deadline: float
-    stall_timeout: float
+    #: The caller's fixed stall limit, or ``None`` for the adaptive one (``_stall``).
+    stall_timeout: float | None
+    first_token_timeout: float
     max_tokens: int | None
     max_attempts: int | None
     backoff: Backoff
@@ -54,12 +65,24 @@ class Options:
 
 def resolve_route(route: Route) -> Route:
     """Fill a route's base URL and key from the environment, and check them."""
+    if not isinstance(route, Route):
+        raise _bad(f"routes must be streamres.Route(...) objects, not {route!r:.60}")
     if route.provider not in _DEFAULTS:
         raise _bad(
             f"provider must be 'openai', 'anthropic' or 'openai-responses', not {route.provider!r}"
         )
     if not isinstance(route.model, str) or not route.model:
         raise _bad(f"a model name must be a non-empty string, not {route.model!r}")
+    if route.api_key is not None and not isinstance(route.api_key, str):
+        raise _bad(f"api_key must be a string, not a {type(route.api_key).__name__}")
+    if route.base_url is not None and not isinstance(route.base_url, str):
+        raise _bad(f"base_url must be a string, not {route.base_url!r:.60}")
+    if isinstance(route.weight, bool) or not isinstance(route.weight, (int, float)):
+        raise _bad(f"weight must be a positive number, not {route.weight!r}")
+    if route.max_in_flight is not None and (
+        isinstance(route.max_in_flight, bool) or not isinstance(route.max_in_flight, int)
+    ):
+        raise _bad(f"max_in_flight must be None or a positive integer, not {route.max_in_flight!r}")
     env_url, official, env_key = _DEFAULTS[route.provider]
     url = route.base_url or os.environ.get(env_url) or official
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -77,6 +100,74 @@ def resolve_route(route: Route) -> Route:
     return replace(route, base_url=url, api_key=key)
 
 
+#: Every keyword streamres itself takes; an unknown keyword close to one of these is a typo.
+KNOWN_ARGUMENTS = (
+    "messages",
+    "model",
+    "base_url",
+    "api_key",
+    "provider",
+    "deadline",
+    "stall_timeout",
+    "first_token_timeout",
+    "max_tokens",
+    "client",
+    "continuation",
+    "max_attempts",
+    "backoff",
+    "fallback_after",
+    "headers",
+    "rng",
+    "read_limits",
+    "fallback",
+)
+
+
+def _seconds(name: str, value: Any, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        what = (
+            "None or a positive number of seconds" if optional else "a positive number of seconds"
+        )
+        raise _bad(f"{name} must be {what}, not {value!r}")
+    if value != value or value == float("inf"):
+        raise _bad(f"{name} must be a finite number of seconds, not {value!r}")
+    return float(value)
+
+
+def check_headers(headers: Any) -> dict[str, str]:
+    """Extra request headers: a mapping of strings to strings."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise _bad(f"headers must be a dict of strings to strings, not {headers!r:.80}")
+    return dict(headers)
+
+
+def check_more(more: Mapping[str, Any]) -> dict[str, Any]:
+    """Extra body fields: refused when streamres sets them, or when they look like a misspelt
+    streamres argument (``deadlne=5`` would otherwise go silently into the request body)."""
+    reserved = _RESERVED & more.keys()
+    if reserved:
+        raise _bad(f"{sorted(reserved)} are set by streamres; use model=/max_tokens= instead")
+    for key in more:
+        close = difflib.get_close_matches(key, KNOWN_ARGUMENTS, n=1, cutoff=0.8)
+        if close:
+            raise _bad(
+                f"unknown argument {key}=: did you mean {close[0]}=? (Other extra arguments go "
+                "into the request body as they are.)"
+            )
+    n = more.get("n")
+    if n is not None and n != 1:
+        raise _bad(
+            f"n={n!r}: streamres streams one answer (choice) per call; make {n} calls instead"
+        )
+    return dict(more)
+
+
 def check_options(
     messages: Any,
     *,
@@ -86,12 +177,13 @@ def check_options(
     stall_timeout: Any,
     max_tokens: Any,
     max_attempts: Any,
-    backoff: Backoff | None,
+    backoff: Any,
     fallback_after: Any,
-    headers: Mapping[str, str] | None,
+    headers: Any,
     more: dict[str, Any],
-    rng: random.Random | None,
-    read_limits: ReadLimits | None = None,
+    rng: Any,
+    read_limits: Any = None,
+    first_token_timeout: Any = FIRST_OUTPUT,
 ) -> Options:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise _bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -104,29 +196,36 @@ def check_options(
         if not isinstance(m["content"], (str, list)):
             raise _bad(f"messages[{i}]['content'] must be a string or a list of content parts")
         checked.append(dict(m))
-    for name, value in (("deadline", deadline), ("stall_timeout", stall_timeout)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise _bad(f"{name} must be a positive number of seconds, not {value!r}")
     for name, value in (("max_tokens", max_tokens), ("max_attempts", max_attempts)):
-        if value is not None and (not isinstance(value, int) or value < 1):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise _bad(f"{name} must be None or a positive integer, not {value!r}")
-    if not isinstance(fallback_after, int) or fallback_after < 1:
+    if (
+        isinstance(fallback_after, bool)
+        or not isinstance(fallback_after, int)
+        or fallback_after < 1
+    ):
         raise _bad(f"fallback_after must be a positive integer, not {fallback_after!r}")
-    reserved = _RESERVED & more.keys()
-    if reserved:
-        raise _bad(f"{sorted(reserved)} are set by streamres; use model=/max_tokens= instead")
+    if backoff is not None and not isinstance(backoff, Backoff):
+        raise _bad(f"backoff must be a streamres.Backoff(...), not {backoff!r:.60}")
+    if rng is not None and not isinstance(rng, random.Random):
+        raise _bad(f"rng must be a random.Random, not {rng!r:.60}")
+    if read_limits is not None and not isinstance(read_limits, ReadLimits):
+        raise _bad(f"read_limits must be a streamres.ReadLimits(...), not {read_limits!r:.60}")
     return Options(
         messages=checked,
         fleet=fleet,
         chain=tuple(chain),
-        deadline=float(deadline),
-        stall_timeout=float(stall_timeout),
+        deadline=_seconds("deadline", deadline) or 0.0,
+        stall_timeout=_seconds("stall_timeout", stall_timeout, optional=True),
+        first_token_timeout=_seconds("first_token_timeout", first_token_timeout) or 0.0,
         max_tokens=max_tokens,
         max_attempts=max_attempts,
         backoff=backoff or Backoff(),
         fallback_after=fallback_after,
-        headers=dict(headers or {}),
-        extra_body=more,
+        headers=check_headers(headers),
+        extra_body=check_more(more),
         rng=rng or random.Random(),
         read_limits=read_limits or ReadLimits(),
     )

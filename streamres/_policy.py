@@ -5,14 +5,19 @@ The rules, in order:
 1. a permanent error (bad request, auth, not found, quota) is never retried;
 2. time that ran out ends the answer as a deadline (never as the attempt cap);
 3. the optional attempt cap ends the answer;
-4. "prefill not supported" is retried at once on the same model (with the instruct strategy),
+4. a URL that has never answered and cannot be reached (refused, DNS, TLS, connect timeout) gets
+   a short connect budget: ``CONNECT_TRIES`` tries on ``CONNECT_BACKOFF`` (about a second in
+   all), then the next model, then :class:`~streamres.UpstreamUnreachable` — a wrong URL is
+   told in seconds, not after the whole deadline. A URL that answered before is patient: the
+   rules below apply, as to any dropped connection;
+5. "prefill not supported" is retried at once on the same model (with the instruct strategy),
    and so is a background response that cannot be re-attached to (by a continuation);
-5. with more than one model in the chain, move to the next one when the server says this
+6. with more than one model in the chain, move to the next one when the server says this
    model is at capacity ("Selected model is at capacity": no point waiting on it), when its
    Retry-After is longer than the time left, or after ``fallback_after`` consecutive failures;
    a model that has not failed yet is tried at once, one that has failed waits its backoff;
-6. otherwise wait the backoff (never less than Retry-After) and retry the same model;
-7. a wait that would end after the deadline gives up now, rather than sleeping in vain.
+7. otherwise wait the backoff (never less than Retry-After) and retry the same model;
+8. a wait that would end after the deadline gives up now, rather than sleeping in vain.
 """
 
 from __future__ import annotations
@@ -24,7 +29,12 @@ from typing import Literal
 from ._backoff import Backoff
 from ._classify import Failure
 
-__all__ = ["Decision", "decide", "reinterpret"]
+__all__ = ["CONNECT_BACKOFF", "CONNECT_TRIES", "Decision", "decide", "reinterpret"]
+
+#: Tries for a URL that has never answered before it counts as unreachable.
+CONNECT_TRIES = 3
+#: Waits between those tries (ceilings 0.25, 0.5, 1 s).
+CONNECT_BACKOFF = Backoff(initial=0.25, multiplier=2.0, maximum=1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +43,7 @@ class Decision:
     delay: float = 0.0
     model_index: int = 0
     #: For ``give_up``: which error to raise, and why in words.
-    error: Literal["rejected", "deadline", "attempts", ""] = ""
+    error: Literal["rejected", "deadline", "attempts", "unreachable", ""] = ""
     why: str = ""
 
 
@@ -48,8 +58,10 @@ def decide(
     backoff: Backoff,
     rand: float,
     fallback_after: int,
+    reached: bool = True,
 ) -> Decision:
-    """``failures[i]``: consecutive failures of model ``i``, this one included."""
+    """``failures[i]``: consecutive failures of model ``i``, this one included; ``reached``:
+    the current model's server has answered at least once (in this process)."""
     if failure.kind == "permanent":
         return Decision("give_up", error="rejected", why=failure.message)
     if failure.kind == "deadline" or time_left <= 0:
@@ -58,6 +70,8 @@ def decide(
         return Decision(
             "give_up", error="attempts", why=f"{attempt} attempts made; last: {failure.message}"
         )
+    if failure.connect and not reached:
+        return _unreached(failure, model_index, failures, time_left, rand)
     if failure.kind in ("prefill_rejected", "replay_unavailable"):
         return Decision("retry", model_index=model_index)
     hint = failure.retry_after
@@ -80,6 +94,24 @@ def decide(
     else:
         why = f"the next retry ({delay:.1f} s away) would come after the deadline"
     return Decision("give_up", error="deadline", why=why)
+
+
+def _unreached(
+    failure: Failure, model_index: int, failures: Sequence[int], time_left: float, rand: float
+) -> Decision:
+    """Rule 4: a few quick tries, then the next model, then unreachable."""
+    n = failures[model_index]
+    if n < CONNECT_TRIES:
+        delay = CONNECT_BACKOFF.delay(n, rand=rand)
+        if delay < time_left:
+            return Decision("retry", delay=delay, model_index=model_index)
+        return Decision("give_up", error="deadline", why=failure.message)
+    nxt = (model_index + 1) % len(failures)
+    if nxt != model_index and failures[nxt] < CONNECT_TRIES:
+        delay = CONNECT_BACKOFF.delay(failures[nxt], rand=rand) if failures[nxt] else 0.0
+        if delay < time_left:
+            return Decision("switch", delay=delay, model_index=nxt)
+    return Decision("give_up", error="unreachable", why=f"{failure.message} ({n} tries)")
 
 
 def reinterpret(failure: Failure, *, prefill_continuation: bool, replaying: bool) -> Failure:

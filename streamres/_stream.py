@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -44,6 +45,7 @@ from ._errors import (
     InvalidRequest,
     RequestRejected,
     StreamError,
+    UpstreamUnreachable,
 )
 from ._events import (
     Attempt,
@@ -67,9 +69,10 @@ from ._policy import decide, reinterpret
 from ._redact import Redactor, redact_url, url_secrets
 from ._routes import Route
 from ._sse import SSEDecoder
+from ._stall import FIRST_OUTPUT, StallTimer
 from ._tokens import TokenLedger, counter_for
 from ._wire import DECODE_ERRORS, HttpRequest, StreamDecoder
-from ._wording import busy_message, fallback_message, resume_message, retry_message
+from ._wording import busy_message, fallback_message, plural, resume_message, retry_message
 
 __all__ = ["ResilientStream", "stream_resilient"]
 
@@ -92,6 +95,8 @@ _LOG_EVENT = {
 
 # (base_url, model) pairs whose server refused an assistant prefill: instruct from now on.
 _prefill_refused: set[tuple[str, str]] = set()
+# Base URLs that have answered (any HTTP response) in this process: they get the patient policy.
+_reached: set[str | None] = set()
 
 _ssl_context: ssl.SSLContext | None = None
 
@@ -123,7 +128,8 @@ def stream_resilient(
     api_key: str | None = None,
     provider: Provider = "openai",
     deadline: float = 120.0,
-    stall_timeout: float = 30.0,
+    stall_timeout: float | None = None,
+    first_token_timeout: float = FIRST_OUTPUT,
     max_tokens: int | None = None,
     client: httpx.AsyncClient | None = None,
     continuation: Literal["auto", "prefill", "prefix", "instruct"] = "auto",
@@ -154,10 +160,17 @@ def stream_resilient(
     Raises :class:`InvalidRequest` at once for bad arguments; every other failure is raised
     while iterating, as a :class:`StreamError` carrying ``partial_text``.
     """
-    names = (model,) if isinstance(model, str) else tuple(model or ())
+    names = (
+        (model,) if isinstance(model, str) else tuple(model) if isinstance(model, Sequence) else ()
+    )
     if not names or not all(isinstance(m, str) and m for m in names):
         raise InvalidRequest(
-            "model must be a model name or a non-empty sequence of model names", reason="invalid"
+            f"model must be a model name or a non-empty sequence of model names, not {model!r:.60}",
+            reason="invalid",
+        )
+    if client is not None and not isinstance(client, httpx.AsyncClient):
+        raise InvalidRequest(
+            f"client must be an httpx.AsyncClient (or None), not {client!r:.60}", reason="invalid"
         )
     routes = [
         resolve_route(
@@ -181,6 +194,7 @@ def stream_resilient(
         chain=range(len(routes)),
         deadline=deadline,
         stall_timeout=stall_timeout,
+        first_token_timeout=first_token_timeout,
         max_tokens=max_tokens,
         max_attempts=max_attempts,
         backoff=backoff,
@@ -239,6 +253,8 @@ class _Answer:
         self.resumes = 0
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
+        #: Some attempt's output count is the ledger's estimate, not a server's report.
+        self.estimated = False
         self.wasted = ""
         self.deduplicated = 0
         self.thinking: list[str] = []
@@ -249,6 +265,7 @@ class _Answer:
         self.replay: tuple[int, str, int] | None = None
         self.start = anyio.current_time()
         self.t_end = self.start + opts.deadline
+        self.stall = StallTimer(fixed=opts.stall_timeout, first=opts.first_token_timeout)
         secrets: list[str | None] = list(opts.headers.values())
         for i in opts.chain:
             r = self.fleet.routes[i]
@@ -295,18 +312,29 @@ class _Answer:
         if self.ledger is not None:
             self.ledger.add(text)
 
-    def add_usage(self, decoder: StreamDecoder) -> None:
+    def account(self, decoder: StreamDecoder, *, estimate: int | None) -> dict[str, Any]:
+        """Add one attempt's usage: what its server reported, else the ledger's ``estimate`` of
+        what it generated (broken attempts report nothing, yet were generated and billed)."""
+        reported = decoder.output_tokens
+        estimated = reported is None and estimate is not None
+        out = reported if reported is not None else estimate
         if decoder.input_tokens is not None:
             self.input_tokens = (self.input_tokens or 0) + decoder.input_tokens
-        if decoder.output_tokens is not None:
-            self.output_tokens = (self.output_tokens or 0) + decoder.output_tokens
+        if out is not None:
+            self.output_tokens = (self.output_tokens or 0) + out
+        self.estimated = self.estimated or estimated
+        return {
+            "input_tokens": decoder.input_tokens,
+            "output_tokens": out,
+            "estimated": estimated,
+        }
 
     def error(self, cls: type[StreamError], message: str, last: Failure | None) -> StreamError:
         log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
         return cls(
             self.redactor.redact(message),
             partial_text=self.text,
-            attempts=tuple(self.history),
+            history=tuple(self.history),
             model=self.model,
             status_code=last.status_code if last else None,
             reason=last.kind if last else None,
@@ -411,13 +439,18 @@ class _Answer:
         return "no model can take a request before the deadline: " + "; ".join(why)
 
     async def done(self, finish_reason: str) -> DoneEvent:
-        if self.resumes == 0 and self.output_tokens is not None and self.ledger is None:
+        single = self.resumes == 0 and not self.estimated and self.ledger is None
+        if single and self.output_tokens is not None:
             delivered = self.output_tokens  # the server's own count of this single attempt
         else:
             delivered = await self.tokens()
+        output = self.output_tokens
+        if self.estimated and output is not None:
+            output = max(output, delivered)  # never fewer than what reached the caller
         usage = Usage(
             input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
+            output_tokens=output,
+            estimated=self.estimated,
             delivered_tokens=delivered,
             wasted_tokens=await self.count(self.wasted),
             encoding=self.encoding or "reported",
@@ -447,14 +480,40 @@ class _Answer:
         )
 
 
-def _transport_failure(exc: Exception) -> Failure:
-    name = type(exc).__name__
-    why = str(exc) or name
-    if isinstance(exc, httpx.ConnectError):
-        return failure("connection", f"cannot connect ({why})")
-    if isinstance(exc, httpx.ConnectTimeout):
-        return failure("connection", f"cannot connect (no connection within the timeout: {why})")
-    return failure("connection", f"connection lost mid-response ({why})")
+def _connect_cause(exc: BaseException) -> str:
+    """Why a connection could not be made, in words, from the exception and its causes."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, BaseExceptionGroup) and seen.exceptions:
+            seen = seen.exceptions[0]  # every address failed; the first says why
+            continue
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused (is the server running, on that port?)"
+        if isinstance(seen, socket.gaierror):
+            return "the host name could not be resolved (DNS)"
+        if isinstance(seen, ssl.SSLError):
+            return f"the TLS handshake failed ({seen.reason or seen})"
+        if isinstance(seen, (TimeoutError, httpx.ConnectTimeout)):
+            return "no connection within the connect timeout"
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc).lower()
+    if "refused" in text:
+        return "connection refused (is the server running, on that port?)"
+    if "name or service" in text or "nodename" in text or "getaddrinfo" in text:
+        return "the host name could not be resolved (DNS)"
+    if "ssl" in text or "certificate" in text or "tls" in text:
+        return f"the TLS handshake failed ({exc})"
+    return str(exc) or type(exc).__name__
+
+
+def _transport_failure(exc: Exception, url: str) -> Failure:
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return Failure(
+            "connection", f"Cannot reach {redact_url(url)} — {_connect_cause(exc)}", connect=True
+        )
+    return failure("connection", f"connection lost mid-response ({str(exc) or type(exc).__name__})")
 
 
 #: httpcore trace events that mark the end of the wait for a pooled connection.
@@ -488,7 +547,8 @@ async def _send(
         try:
             response = await client.send(request, stream=True, follow_redirects=False)
         except httpx.TransportError as exc:
-            return None, _transport_failure(exc), (served[0] if served else started) - started
+            failed = _transport_failure(exc, str(request.url))
+            return None, failed, (served[0] if served else started) - started
         except httpx.HTTPError as exc:
             return (
                 None,
@@ -587,7 +647,7 @@ async def _run(
                 ans.pos = pos
                 fleet.fell_back(old, ans.index)
                 yield FallbackEvent(
-                    message=fallback_message(fleet.routes[old].model, ans.model),
+                    message=fallback_message(fleet.routes[old].model, ans.model, "circuit_open"),
                     attempt=attempt + 1,
                     from_model=fleet.routes[old].model,
                     to_model=ans.model,
@@ -649,6 +709,7 @@ async def _run(
                 decoder = decoder_cls()
                 sse = SSEDecoder(max_line=opts.read_limits.line, max_event=opts.read_limits.event)
                 started = now()
+                ans.stall.start(started)
                 first_content: float | None = None
                 chars_before = ans.chars
                 tokens_before = ans.ledger.tokens if ans.ledger is not None else 0
@@ -661,13 +722,16 @@ async def _run(
                     attempt=attempt,
                     url=redact_url(req.url),
                 )
+                reached = route.base_url in _reached
+                # A URL that never answered gets a short connect timeout (rule 4 of the policy).
+                connect_timeout = 10.0 if reached else 3.0
                 try:
                     request = client.build_request(
                         req.method,
                         req.url,
                         headers={"accept-encoding": ACCEPT_ENCODING, **req.headers},
                         json=req.body if req.method == "POST" else None,
-                        timeout=httpx.Timeout(None, connect=min(opts.stall_timeout, 10.0)),
+                        timeout=httpx.Timeout(None, connect=connect_timeout),
                     )
                 except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
                     raise ans.error(
@@ -676,9 +740,11 @@ async def _run(
                         None,
                     ) from exc
                 response, fail, queued = await _send(
-                    client, request, t_end=ans.t_end, stall=opts.stall_timeout
+                    client, request, t_end=ans.t_end, stall=ans.stall.limit()
                 )
                 fleet.queued(index, queued)
+                if response is not None:
+                    _reached.add(route.base_url)
                 body_iter: AsyncIterator[bytes] | None = None
                 if response is not None:
                     try:
@@ -691,11 +757,17 @@ async def _run(
                             body = await _read_body(
                                 response.aiter_raw(),
                                 inflater,
-                                min(ans.t_end - now(), opts.stall_timeout),
+                                min(ans.t_end - now(), ans.stall.limit()),
                             )
                             text = body.decode("utf-8", "replace")
                             fail = (
-                                classify_response(status, response.headers, text, now=time.time())
+                                classify_response(
+                                    status,
+                                    response.headers,
+                                    text,
+                                    now=time.time(),
+                                    url=redact_url(req.url),
+                                )
                                 if status >= 400
                                 else classify_not_a_stream(
                                     status,
@@ -708,9 +780,9 @@ async def _run(
                         else:
                             body_iter = response.aiter_raw()
                             chunks = body_iter.__aiter__()
-                            last_content = now()  # the stall timer starts with the headers
+                            ans.stall.start(now())  # the stall timer starts with the headers
                             while fail is None:
-                                limit = min(ans.t_end, last_content + opts.stall_timeout)
+                                limit = min(ans.t_end, ans.stall.deadline())
                                 release = dedup.release_at if dedup is not None else None
                                 if release is not None:
                                     limit = min(limit, release)
@@ -733,7 +805,7 @@ async def _run(
                                             yield TextEvent(text)
                                         continue
                                     fail = failure(
-                                        "stall", f"no output for {opts.stall_timeout:g} s"
+                                        "stall", f"no output for {ans.stall.limit():.3g} s"
                                     )
                                     break
                                 if eof:
@@ -761,7 +833,7 @@ async def _run(
                                     )
                                 calls: tuple[ToolCall, ...] = ()
                                 if decoder.side or decoder.generating:
-                                    last_content = now()  # reasoning or arguments: working
+                                    ans.stall.output(now())  # reasoning or arguments: working
                                     decoder.generating = False
                                 if decoder.side:
                                     # Reasoning comes before the text it leads to; tool calls
@@ -775,7 +847,7 @@ async def _run(
                                     decoder.side.clear()
                                 if pieces:
                                     t = now()
-                                    last_content = t
+                                    ans.stall.output(t)
                                     if first_content is None:
                                         first_content = t
                                     text = pieces[0] if len(pieces) == 1 else "".join(pieces)
@@ -798,12 +870,11 @@ async def _run(
                     except InflateError as exc:
                         fail = failure("malformed", str(exc))
                     except httpx.HTTPError as exc:
-                        fail = _transport_failure(exc)
+                        fail = _transport_failure(exc, req.url)
                     finally:
                         if lingering is None:
                             with anyio.CancelScope(shield=True):
                                 await _close(body_iter, response)
-                ans.add_usage(decoder)
                 replayed = ans.replaying()
                 if isinstance(decoder, _responses.ResponsesDecoder):
                     response_id = decoder.response_id or (
@@ -862,11 +933,15 @@ async def _run(
                         model=route.key,
                         weight=round(fleet.states[index].weight.current, 4),
                     )
-                if attempt == 1 and fail is None and ans.output_tokens is not None:
-                    delivered = ans.output_tokens
+                wasted_tokens = await ans.count(dropped)
+                if attempt == 1 and fail is None and decoder.output_tokens is not None:
+                    delivered = decoder.output_tokens
                 else:
                     delivered = (await ans.tokens() - tokens_before) if added else 0
-                fleet.tokens(index, delivered=delivered, wasted=await ans.count(dropped))
+                fleet.tokens(index, delivered=delivered, wasted=wasted_tokens)
+                usage_fields = ans.account(
+                    decoder, estimate=delivered + wasted_tokens if added or dropped else None
+                )
             finally:
                 if books == "acquired":
                     fleet.release(index)
@@ -887,7 +962,13 @@ async def _run(
             if fail is None:
                 ans.history.append(
                     Attempt(
-                        attempt, route.model, "ok", chars=added, seconds=seconds, **dedup_fields
+                        attempt,
+                        route.model,
+                        "ok",
+                        chars=added,
+                        seconds=seconds,
+                        **dedup_fields,
+                        **usage_fields,
                     )
                 )
                 ans.failures[ans.pos] = 0
@@ -908,6 +989,7 @@ async def _run(
                     chars=added,
                     seconds=seconds,
                     **dedup_fields,
+                    **usage_fields,
                 )
             )
             if fail.kind == "prefill_rejected":
@@ -924,6 +1006,7 @@ async def _run(
                 backoff=opts.backoff,
                 rand=opts.rng.random(),
                 fallback_after=opts.fallback_after,
+                reached=reached,
             )
             tokens = await ans.tokens() if ans.chars else 0
             log.info(
@@ -940,11 +1023,17 @@ async def _run(
                 cls: type[StreamError] = {
                     "rejected": RequestRejected,
                     "attempts": AttemptsExhausted,
+                    "unreachable": UpstreamUnreachable,
                 }.get(decision.error, DeadlineExceeded)
                 if cls is RequestRejected:
                     message = f"{route.model} refused the request ({fail.message}); not retried"
+                elif cls is UpstreamUnreachable:
+                    message = (
+                        f"{decision.why}. Check that the server is running and reachable from "
+                        "here, and that base_url (and provider) are right."
+                    )
                 else:
-                    message = f"gave up after {attempt} attempts: {decision.why}"
+                    message = f"gave up after {plural(attempt, 'attempt')}: {decision.why}"
                 raise ans.error(cls, message, fail)
             if ans.chars:
                 ans.resumes += 1
@@ -952,7 +1041,9 @@ async def _run(
                 ans.pos = decision.model_index
                 fleet.fell_back(index, ans.index)
                 yield FallbackEvent(
-                    message=fallback_message(route.model, ans.model),
+                    message=fallback_message(
+                        route.model, ans.model, "unreachable" if fail.connect else fail.kind
+                    ),
                     attempt=attempt + 1,
                     from_model=route.model,
                     to_model=ans.model,

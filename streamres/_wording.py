@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from ._classify import Failure
 
-__all__ = ["busy_message", "fallback_message", "reason_phrase", "resume_message", "retry_message"]
+__all__ = [
+    "busy_message",
+    "fallback_message",
+    "plural",
+    "reason_phrase",
+    "resume_message",
+    "retry_message",
+]
 
 _REASONS = {
     "capacity": "Model busy (at capacity)",
@@ -23,6 +30,8 @@ _REASONS = {
 
 
 def reason_phrase(failure: Failure) -> str:
+    if failure.connect:
+        return "Cannot reach the server"
     return _REASONS.get(failure.kind, failure.kind)
 
 
@@ -35,17 +44,28 @@ def _seconds(delay: float) -> str:
 
 
 def retry_message(failure: Failure, *, delay: float, attempt: int, cap: int | None) -> str:
-    of = f"/{cap}" if cap else ""
+    of = f" of {cap}" if cap else ""
     return f"{reason_phrase(failure)} — retrying {_seconds(delay)} (attempt {attempt}{of})"
 
 
 def resume_message(failure: Failure, *, delay: float, tokens: int) -> str:
     when = "resuming…" if delay < 0.05 else f"resuming {_seconds(delay)}…"
-    return f"{reason_phrase(failure)} after {tokens} tokens — {when}"
+    return f"{reason_phrase(failure)} after {plural(tokens, 'token')} — {when}"
 
 
-def fallback_message(from_model: str, to_model: str) -> str:
-    return f"Many people are using {from_model} right now — switching you to {to_model}"
+def fallback_message(from_model: str, to_model: str, reason: str = "capacity") -> str:
+    """Capacity words only for capacity: a network failure or a broken stream says so."""
+    if reason in ("capacity", "rate_limit", "circuit_open"):
+        return f"Many people are using {from_model} right now — switching you to {to_model}"
+    if reason == "unreachable":
+        return f"Cannot reach {from_model} — switching you to {to_model}"
+    what = _REASONS.get(reason, reason).lower()
+    return f"{from_model} is not answering well ({what}) — switching you to {to_model}"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 resume``, ``2 resumes``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def busy_message(wait: float, *, probing: bool) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Literal, TextIO
 import anyio
 
 import streamres
+from streamres._cliargs import Parser, positive_int, positive_seconds, seconds_or_zero
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream
 
 __all__ = ["MarkdownStyler", "main"]
@@ -287,7 +288,7 @@ class Session:
     upstream: Upstream | None
     history: list[dict[str, str]] = field(default_factory=list)
     deadline: float = 120.0
-    stall_timeout: float = 30.0
+    stall_timeout: float | None = None
     fault_label: str = ""
 
     def words(self, key: str, **kw: Any) -> str:
@@ -617,28 +618,45 @@ async def run(args: argparse.Namespace) -> int:
 
 def add_target_arguments(p: argparse.ArgumentParser, *, token_delay: float) -> None:
     """Where answers come from: a real service, or the embedded upstream and its faults."""
-    p.add_argument("--provider", choices=["openai", "anthropic"])
-    p.add_argument("--base-url")
-    p.add_argument("--api-key")
-    p.add_argument("--model", action="append", help="model name; repeat for a fallback chain")
+    p.add_argument(
+        "--provider",
+        choices=["openai", "anthropic"],
+        help="API of the real service (default: openai, or anthropic with only ANTHROPIC_API_KEY)",
+    )
+    p.add_argument("--base-url", help="a real server's URL (default: $OPENAI_BASE_URL)")
+    p.add_argument("--api-key", help="its key (default: $OPENAI_API_KEY / $ANTHROPIC_API_KEY)")
+    p.add_argument(
+        "--model",
+        action="append",
+        help="model name; repeat for a fallback chain (embedded default: demo-large)",
+    )
     p.add_argument(
         "--embedded", action="store_true", help="the embedded upstream even if keys are set"
     )
     p.add_argument(
-        "--faults", default="storm", help="none, light, storm, or a plan such as 529,reset@40"
+        "--faults",
+        default="storm",
+        help="embedded upstream faults: none, light, storm, or a plan such as 529,reset@40",
     )
     p.add_argument(
         "--token-delay",
-        type=float,
+        type=seconds_or_zero,
         default=token_delay,
         help="embedded upstream seconds per token",
     )
-    p.add_argument("--words", type=int, default=120, help="embedded upstream answer length")
-    p.add_argument("--deadline", type=float, default=120.0)
+    p.add_argument(
+        "--words", type=positive_int, default=120, help="embedded upstream answer length"
+    )
+    p.add_argument(
+        "--deadline",
+        type=positive_seconds,
+        default=120.0,
+        help="seconds for the whole answer, retries and resumes included",
+    )
 
 
 def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0] if __doc__ else "")
+    p = Parser(prog=prog, description=__doc__.split("\n")[0] if __doc__ else "")
     add_target_arguments(p, token_delay=0.02)
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--once", metavar="QUESTION", help="answer one question and exit")
@@ -651,17 +669,16 @@ def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7, help="embedded fault storm seed")
     p.add_argument(
         "--stall-timeout",
-        type=float,
+        type=positive_seconds,
         default=None,
-        help="seconds without output before resuming (default 3 embedded, 30 real)",
+        help="fixed seconds without output before resuming (default: adaptive, following the "
+        "stream's own pace)",
     )
     return p
 
 
 def main(argv: list[str] | None = None, *, configure: Callable[[], None] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.stall_timeout is None:
-        args.stall_timeout = 30.0 if real_target(args) else 3.0
     if configure is not None:
         configure()
     try:

@@ -98,7 +98,7 @@ async def test_valid_json_of_the_wrong_shape_is_malformed_and_resumed(bad: bytes
 
 
 async def test_token_counts_that_are_not_numbers_are_not_usage() -> None:
-    """Usage with text for counts is ignored (unknown, not a crash when usage is summed)."""
+    """Usage with text for counts is no report (the ledger counts instead), never a crash."""
     events = openai_answer(WORDS)
     events.insert(
         -1,
@@ -107,7 +107,8 @@ async def test_token_counts_that_are_not_numbers_are_not_usage() -> None:
     async with hostile(streamed(events)) as srv:
         text, _, done = await run(call(srv.url))
     assert text == ANSWER and done.attempts == 1
-    assert done.usage.input_tokens is None and done.usage.output_tokens is None
+    assert done.usage.input_tokens is None  # unknown
+    assert done.usage.estimated and done.usage.output_tokens == done.usage.delivered_tokens
 
 
 async def test_anthropic_events_of_the_wrong_shape_are_malformed() -> None:
@@ -116,7 +117,7 @@ async def test_anthropic_events_of_the_wrong_shape_are_malformed() -> None:
     async with hostile([head(), chunk(bad), END]) as srv:
         text, _, err = await run(call(srv.url, provider="anthropic", max_attempts=2))
     assert isinstance(err, streamres.AttemptsExhausted)
-    assert err.attempts[0].outcome == "malformed" and text == err.partial_text == ""
+    assert err.history[0].outcome == "malformed" and text == err.partial_text == ""
 
 
 async def test_error_body_nested_past_the_stack_is_classified() -> None:
@@ -271,7 +272,7 @@ async def test_a_key_echoed_by_the_server_is_redacted_everywhere() -> None:
         with capture_logs() as logs:
             _, _, err = await run(call(srv.url))
     assert isinstance(err, streamres.RequestRejected)
-    shown = [str(err), err.message, *(a.message for a in err.attempts), repr(logs)]
+    shown = [str(err), err.message, *(a.message for a in err.history), repr(logs)]
     assert all(KEY not in s and KEY[-8:] not in s for s in shown), shown
     assert "[redacted]" in str(err)
 
@@ -283,7 +284,7 @@ async def test_url_credentials_never_reach_messages_or_logs() -> None:
         url = srv.url.replace("http://", "http://user:PASSWORD123@") + "?api-key=QUERYSECRET99"
         with capture_logs() as logs:
             _, _, err = await run(call(url, api_key=None))
-    shown = str(err) + repr(err.attempts) + repr(logs)
+    shown = str(err) + repr(err.history) + repr(logs)
     assert "PASSWORD123" not in shown and "QUERYSECRET99" not in shown
     started = [e for e in logs if e["event"] == "streamres.attempt_started"]
     assert started and "[redacted]" in started[0]["url"]

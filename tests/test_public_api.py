@@ -32,6 +32,7 @@ PUBLIC = {
     "ThinkingEvent",
     "ToolCall",
     "ToolCallEvent",
+    "UpstreamUnreachable",
     "Usage",
     "stream_resilient",
 }

@@ -200,8 +200,8 @@ async def test_never_recovering_upstream_raises_within_deadline(upstream: Upstre
                     got += ev.text
     assert anyio.current_time() - start < 1.5
     assert got and info.value.partial_text == got
-    assert len(info.value.attempts) == len(upstream.requests) > 2
-    assert info.value.attempts[0].outcome == "connection"
+    assert info.value.attempts == len(upstream.requests) > 2
+    assert info.value.history[0].outcome == "connection"
     assert isinstance(info.value, TimeoutError)
 
 
@@ -364,15 +364,32 @@ async def test_bad_arguments_are_refused_before_any_request(
     assert upstream.requests == []
 
 
-async def test_unreachable_server_is_retried_until_the_deadline() -> None:
-    """Connection refused is transient: retried, then DeadlineExceeded (nothing leaks)."""
+async def test_a_closed_port_fails_fast_naming_the_address_and_the_refusal() -> None:
+    """A URL that never answered and refuses connections: a few quick tries, then
+    UpstreamUnreachable naming the address and the cause — not the whole 120 s deadline."""
     async with Upstream() as up:
         url = up.openai_url
+    start = anyio.current_time()
+    with pytest.raises(streamres.UpstreamUnreachable) as info:
+        await collect(streamres.stream_resilient(USER, model="m", base_url=url, api_key="k"))
+    assert anyio.current_time() - start < 10
+    err = info.value
+    assert isinstance(err, ConnectionError) and err.attempts == 3
+    assert url in str(err) and "connection refused" in str(err)
+    assert "Check that the server is running" in str(err)
+    assert err.history[0].outcome == "connection"
+
+
+async def test_a_url_that_answered_before_keeps_the_patient_policy() -> None:
+    """Once a server has answered, a refused connection is retried like any drop."""
+    async with Upstream() as up:
+        url = up.openai_url
+        await collect(streamres.stream_resilient(USER, model="m", base_url=url, api_key="k"))
     with pytest.raises(streamres.DeadlineExceeded) as info:
         await collect(
-            streamres.stream_resilient(USER, model="m", base_url=url, deadline=0.5, backoff=FAST)
+            streamres.stream_resilient(USER, model="m", base_url=url, deadline=1.0, backoff=FAST)
         )
-    assert info.value.attempts and info.value.attempts[0].outcome == "connection"
+    assert info.value.attempts > 3
 
 
 async def test_unserialisable_body_is_an_invalid_request(upstream: Upstream) -> None:

@@ -1,0 +1,67 @@
+"""When silence means a stalled stream. Pure: times are passed in.
+
+Theory of operation. A stream is stalled when no output (text, reasoning, tool-call arguments;
+never keep-alives) has come for longer than its limit. One fixed limit serves nobody: 30 s
+froze a watched chat for 30 s after a fast stream stopped, while 5 s would abandon a reasoning
+model that thinks for a minute before its first token. So the limit has two phases:
+
+* **before the first output** of an attempt (and while waiting for response headers):
+  ``first`` seconds, generous, because time to first token is the model thinking;
+* **after it**, the stream's own pace: ``factor`` × the longest of the last gaps between
+  outputs, never below ``floor`` nor above ``cap``; until a few gaps are known, ``cap``.
+
+A fast stream (20 ms between tokens) that stops is resumed after ``floor`` (4 s); a slow one
+(2 s between tokens) after 16 s; the pace carries over to the next attempt of the same answer.
+A caller who gives ``stall_timeout`` gets that one fixed limit in both phases, as before.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["FIRST_OUTPUT", "StallTimer"]
+
+#: Default wait for an attempt's first output (and its response headers).
+FIRST_OUTPUT = 60.0
+_KNOWN_PACE = 3  # gaps needed before the pace is trusted
+
+
+@dataclass
+class StallTimer:
+    """``fixed``: the caller's ``stall_timeout`` (``None``: adaptive)."""
+
+    fixed: float | None = None
+    first: float = FIRST_OUTPUT
+    floor: float = 4.0
+    factor: float = 8.0
+    cap: float = 30.0
+    _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=16))
+    _since: float = 0.0
+    _outputs: int = 0
+
+    def start(self, now: float) -> None:
+        """A new attempt begins (the pace learnt so far is kept)."""
+        self._since = now
+        self._outputs = 0
+
+    def output(self, now: float) -> None:
+        """Output arrived."""
+        if self._outputs:
+            self._gaps.append(now - self._since)
+        self._outputs += 1
+        self._since = now
+
+    def limit(self) -> float:
+        """Seconds of silence allowed from the last output (or the attempt's start)."""
+        if self.fixed is not None:
+            return self.fixed
+        if not self._outputs:
+            return self.first
+        if len(self._gaps) < _KNOWN_PACE:
+            return self.cap
+        return min(self.cap, max(self.floor, self.factor * max(self._gaps)))
+
+    def deadline(self) -> float:
+        """When the stream counts as stalled unless output comes first."""
+        return self._since + self.limit()
