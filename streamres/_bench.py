@@ -382,6 +382,31 @@ async def _soak(url: str, streams: int, seconds: float) -> dict[str, Any]:
     }
 
 
+# -- stall detection: from a real stall to the resume, default (adaptive) settings ----------
+
+_STALLS = [
+    ("fast stream (10 ms between tokens)", 0.01, "stall@20"),
+    ("slow stream (1 s between tokens)", 1.0, "stall@6"),
+]
+
+
+async def _stall_detection() -> list[dict[str, Any]]:
+    """Seconds from the last token before a stall to the resume event, with the defaults."""
+    rows = []
+    for label, delay, fault in _STALLS:
+        async with Upstream(faults=fault, token_delay=delay, ping_interval=0.2, words=12) as up:
+            last_text = resumed = 0.0
+            async for ev in streamres.stream_resilient(
+                Q, model="m", base_url=up.openai_url, api_key="x", deadline=120
+            ):
+                if ev.type == "text" and not resumed:
+                    last_text = anyio.current_time()
+                elif ev.type == "resume" and not resumed:
+                    resumed = anyio.current_time()
+            rows.append({"stream": label, "stall_to_resume_s": round(resumed - last_text, 2)})
+    return rows
+
+
 # -- hostile upstreams: memory stays bounded -----------------------------------------------
 
 _ATTACKS = {
@@ -463,6 +488,8 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
         report["soak"] = await _soak(url, 20 if args.quick else args.soak, 60.0)
     print("hostile upstreams…", file=sys.stderr)
     report["hostile"] = _hostile()
+    print("stall detection…", file=sys.stderr)
+    report["stalls"] = await _stall_detection()
     return report
 
 
@@ -515,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\nChaos soak")
     print(_table([report["soak"]], list(report["soak"])))
+    print("\nStall detection (default settings: the limit follows the stream's pace)")
+    print(_table(report["stalls"], ["stream", "stall_to_resume_s"]))
     print("\nHostile upstreams (one attempt, client process peak RSS)")
     print(_table(report["hostile"], ["attack", "outcome", "seconds", "peak_rss_mib"]))
     with open(args.json, "w", encoding="utf-8") as f:

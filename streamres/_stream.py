@@ -494,7 +494,7 @@ def _connect_cause(exc: BaseException) -> str:
         if isinstance(seen, socket.gaierror):
             return "the host name could not be resolved (DNS)"
         if isinstance(seen, ssl.SSLError):
-            return f"the TLS handshake failed ({seen.reason or seen})"
+            return f"the TLS handshake failed ({getattr(seen, 'reason', None) or seen})"
         if isinstance(seen, (TimeoutError, httpx.ConnectTimeout)):
             return "no connection within the connect timeout"
         seen = seen.__cause__ or seen.__context__
@@ -782,10 +782,10 @@ async def _run(
                             chunks = body_iter.__aiter__()
                             ans.stall.start(now())  # the stall timer starts with the headers
                             while fail is None:
+                                # Only the stall timer and the deadline cancel a read: httpcore
+                                # closes a response whose read is cancelled, so a held de-dup
+                                # head is released when the next bytes come (see below).
                                 limit = min(ans.t_end, ans.stall.deadline())
-                                release = dedup.release_at if dedup is not None else None
-                                if release is not None:
-                                    limit = min(limit, release)
                                 chunk: bytes | None = None
                                 eof = False
                                 with anyio.move_on_after(limit - now()) as scope:
@@ -798,12 +798,6 @@ async def _run(
                                     if t >= ans.t_end:
                                         fail = failure("deadline", "the deadline passed mid-stream")
                                         break
-                                    if dedup is not None and release is not None and t >= release:
-                                        text = dedup.poll(now=t)
-                                        if text:
-                                            ans.deliver(text)
-                                            yield TextEvent(text)
-                                        continue
                                     fail = failure(
                                         "stall", f"no output for {ans.stall.limit():.3g} s"
                                     )
@@ -845,6 +839,11 @@ async def _run(
                                         else:
                                             calls = value
                                     decoder.side.clear()
+                                if not pieces and dedup is not None and not dedup.resolved:
+                                    text = dedup.poll(now=now())  # a hold that ran out
+                                    if text:
+                                        ans.deliver(text)
+                                        yield TextEvent(text)
                                 if pieces:
                                     t = now()
                                     ans.stall.output(t)

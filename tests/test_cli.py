@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,83 @@ def test_bad_fault_plan_is_explained(bad: str) -> None:
     assert got.returncode == 2
     assert "streamres:" in got.stderr
     assert "Traceback" not in got.stderr
+
+
+def run_input(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamres", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+        input=stdin,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("command", ["ask", "serve"])
+def test_help_describes_every_option_with_its_default(command: str) -> None:
+    """`ask --help` and `serve --help` say what the command does and each option's default."""
+    got = run(command, "--help")
+    assert got.returncode == 0
+    assert "embedded upstream" in got.stdout
+    assert "(default: " in got.stdout
+    options = [line for line in got.stdout.splitlines() if line.strip().startswith("--")]
+    assert options and all(len(line.split()) > 1 for line in options)  # each explained
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["ask", "q", "--words", "-5"], "-5 is not a positive integer"),
+        (["ask", "q", "--token-delay", "-1"], "-1 is not a number of seconds >= 0"),
+        (["ask", "q", "--deadline", "soon"], "'soon' is not a positive number of seconds"),
+        (["serve", "--port", "70000"], "not a port number"),
+        (["ask"], "ask needs a QUESTION"),
+    ],
+)
+def test_bad_values_are_one_line_usage_errors(args: list[str], words: str) -> None:
+    """A bad value: exit 2, one line naming it, no usage dump, no traceback."""
+    got = run(*args)
+    assert got.returncode == 2
+    assert words in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1, got.stderr
+
+
+def test_serve_on_a_busy_port_is_one_line() -> None:
+    """`serve` on a port that is taken: exit 2 and one line saying so."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        got = run("serve", "--port", str(taken.getsockname()[1]))
+    assert got.returncode == 2
+    assert "cannot listen on 127.0.0.1" in got.stderr and "another --port" in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1 and "Traceback" not in got.stderr
+
+
+def test_ask_reads_a_long_question_from_stdin_and_from_a_file(tmp_path: Path) -> None:
+    """`ask -` reads standard input; `ask --file` a file: the same answer as the argument."""
+    question = "Explain TCP slow start. " * 200
+    expected = answer_for([{"role": "user", "content": question}], words=120)
+    piped = run_input("ask", "-", "--faults", "none", "--token-delay", "0", stdin=question)
+    path = tmp_path / "q.txt"
+    path.write_text(question, encoding="utf-8")
+    filed = run("ask", "--file", str(path), "--faults", "none", "--token-delay", "0")
+    assert piped.returncode == filed.returncode == 0, piped.stderr + filed.stderr
+    assert piped.stdout == filed.stdout == expected + "\n"
+
+
+def test_failures_print_no_log_lines_without_verbose() -> None:
+    """A failure is said once, by the command; library log lines only with -v."""
+    quiet = run("ask", "q", "--faults", "401", "--token-delay", "0")
+    loud = run("-v", "ask", "q", "--faults", "401", "--token-delay", "0")
+    assert quiet.returncode == loud.returncode == 1
+    assert "streamres.failed" not in quiet.stderr and "[failed:" in quiet.stderr
+    assert "streamres.failed" in loud.stderr
+
+
+def test_counts_are_worded_in_the_singular_and_the_plural() -> None:
+    """ "1 resume", "2 attempts": no "1 resumes", no "attempt(s)"."""
+    got = run("ask", "q", "--faults", "reset@10", "--token-delay", "0")
+    assert got.returncode == 0, got.stderr
+    assert "2 attempts, 1 resume," in got.stderr and "(s)" not in got.stderr

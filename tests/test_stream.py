@@ -439,3 +439,30 @@ async def test_logs_never_reach_stdout_unconfigured(
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("streamres.retry_scheduled ") for m in messages)
     assert "sk-test-secret" not in caplog.text
+
+
+async def test_a_held_head_released_between_slow_tokens_does_not_cut_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A resumed slow stream whose de-dup hold runs out between two tokens goes on: the read in
+    progress is not cancelled (httpcore would close the response and the attempt would end as
+    truncated, again and again). One resume, and the answer reaches its end."""
+    from functools import partial
+
+    monkeypatch.setattr(
+        _stream, "Deduplicator", partial(_stream.Deduplicator, max_hold_seconds=0.05)
+    )
+    async with Upstream(faults="reset@8", token_delay=0.15, words=14, instruct="overlap") as up:
+        text, events, done = await collect(
+            streamres.stream_resilient(
+                USER,
+                model="m",
+                base_url=up.openai_url,
+                api_key="k",
+                backoff=FAST,
+                continuation="instruct",
+            )
+        )
+    # (A 50 ms hold releases the head before the repeat is certain: it may show twice.)
+    assert text.endswith(up.answer(USER, words=14)[-40:]) and done.finish_reason == "stop"
+    assert done.attempts == 2 and [e.reason for e in events if e.type == "resume"] == ["connection"]

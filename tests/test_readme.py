@@ -1,0 +1,60 @@
+"""Every Python block in the README runs as written, against `streamres serve --port 8765`."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+PORT = 8765
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[int]:
+    """`streamres serve` as the README says to start it (on another port if 8765 is taken)."""
+    port = PORT if _free(PORT) else 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamres", "serve", "--port", str(port), "--faults", "light"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "embedded upstream on http://127.0.0.1:PORT ..."
+        yield int(line.split()[3].rsplit(":", 1)[1])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_the_readme_has_python_blocks() -> None:
+    """The blocks are found (a changed fence must not make the test below vacuous)."""
+    assert len(BLOCKS) >= 3
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_readme_block_runs(block: str, server: int) -> None:
+    """The block runs to its end in a fresh interpreter, without an error."""
+    code = block.replace(str(PORT), str(server))
+    got = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert got.returncode == 0, got.stderr
