@@ -628,7 +628,11 @@ async def _run(
                     raise ans.error(DeadlineExceeded, ans.unavailable(now()), fail)
                 wait = max(0.0, min(ready_at, ans.t_end) - now())
                 yield RetryEvent(
-                    message=busy_message(wait, probing=probing),
+                    message=busy_message(
+                        wait,
+                        probing=probing,
+                        capacity=fail is None or fail.kind in ("capacity", "rate_limit"),
+                    ),
                     attempt=attempt + 1,
                     delay=wait,
                     reason="circuit_open",

@@ -68,7 +68,9 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def busy_message(wait: float, *, probing: bool) -> str:
+def busy_message(wait: float, *, probing: bool, capacity: bool = True) -> str:
+    """Every model's circuit is open: "busy" only when capacity is what opened them."""
+    head = "All models are busy" if capacity else "No model is answering right now"
     if probing:
-        return "All models are busy — waiting for a test request to show one has recovered"
-    return f"All models are busy — trying again {_seconds(wait)}"
+        return f"{head} — waiting for a test request to show one has recovered"
+    return f"{head} — trying again {_seconds(wait)}"
