@@ -28,6 +28,7 @@ import httpx
 import structlog
 
 import streamres
+from streamres import _dedup_bench
 from streamres.upstream import Upstream, answer_for, split_tokens
 
 __all__ = ["main"]
@@ -488,9 +489,30 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
         report["soak"] = await _soak(url, 20 if args.quick else args.soak, 60.0)
     print("hostile upstreams…", file=sys.stderr)
     report["hostile"] = _hostile()
+    print("de-duplication…", file=sys.stderr)
+    report["dedup"] = _dedup_bench.run(60 if args.quick else 400)
     print("stall detection…", file=sys.stderr)
     report["stalls"] = await _stall_detection(args.quick)
     return report
+
+
+_DEDUP_COLUMNS = [
+    "language",
+    "cases",
+    "exact_pct",
+    "exact_boundary_2tok_pct",
+    "exact_sentence_pct",
+    "near_repeats_kept",
+    "duplicated_chars",
+    "wrongly_dropped_chars",
+    "max_new_tokens_held",
+    "max_hold_ms_at_50_tok_s",
+]
+
+
+def _print_dedup(rows: list[dict[str, Any]]) -> None:
+    print("\nDe-duplication (instruct resumes backing up 0-60 tokens; near-repeats kept)")
+    print(_table(rows, _DEDUP_COLUMNS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="runs per throughput figure (median)")
     p.add_argument("--soak", type=int, default=200, help="concurrent streams in the chaos soak")
     p.add_argument("--json", default="bench-results.json", help="where to write the results")
+    p.add_argument(
+        "--dedup", action="store_true", help="only the de-duplication benchmark (seconds)"
+    )
     p.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one answer in a child process
     args = p.parse_args(argv)
     structlog.configure(
@@ -507,6 +532,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         print(json.dumps(anyio.run(_probe, args.probe)))
         return 0
+    if args.dedup:
+        rows = _dedup_bench.run(60 if args.quick else 400)
+        _print_dedup(rows)
+        return 0 if all(r["wrongly_dropped_chars"] == 0 for r in rows) else 1
     report = anyio.run(_all, args)
     print("\nThroughput (µs per SSE event, median; ratio to httpx-sse + json.loads)")
     print(
@@ -542,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\nChaos soak")
     print(_table([report["soak"]], list(report["soak"])))
+    _print_dedup(report["dedup"])
     print("\nStall detection (default settings: the limit follows the stream's pace)")
     print(_table(report["stalls"], ["stream", "stall_to_resume_s"]))
     print("\nHostile upstreams (one attempt, client process peak RSS)")

@@ -4,20 +4,43 @@ Theory of operation. ``D`` is the text the caller already has. A resumed stream'
 can be, depending on the server and the continuation strategy:
 
 * an exact continuation (prefill honoured): ``D + h`` is the answer;
-* a repeat of ``D``'s tail, then new text (instruct: "…the quick brown" → "quick brown fox");
+* a repeat of ``D``'s tail, then new text (instruct: "…the quick brown" → "quick brown fox";
+  "…沿着一条直线摆动" → "条直线摆动，…");
 * a restart from the beginning (a server that ignored the partial answer);
-* any of those behind a preamble ("Sure, continuing: …").
+* any of those behind a preamble ("Sure, continuing: …", "好的，我继续：", "続けます：").
 
 The de-duplicator holds the head back only while it is still *consistent with a repeat*: while
 ``h`` occurs inside ``D`` with room to grow, it may be the model re-reading ``D``. As soon as no
 such position is left, it decides, once:
 
-1. ``h`` begins with a suffix of ``D`` that is long enough (``min_overlap`` characters, or a
-   whole-word suffix, or the whitespace a prefill had to strip): drop that suffix, emit the rest;
+1. ``h`` begins with a suffix ``D[k:]`` that models really restart at: drop it, emit the rest.
+   Models restart where text has seams, so the evidence is the *seam at k*, in every script,
+   not a count of Latin characters:
+
+   ======================  ==============================================  ==================
+   seam at k               examples                                        suffix accepted
+   ======================  ==============================================  ==================
+   sentence or line start  after 。！？.!?… (and closing quotes), a          any length
+                           newline, a list marker, or k = 0
+   clause start            after ，、；：,;: (full-width or Latin)          any length
+   word start              after whitespace (spaced scripts)               any length
+   token start             a token boundary of ``D`` (the ledger's          2 tokens or more
+                           encoding: CJK, Thai, mid-word cuts)
+   anywhere                —                                               ``min_overlap`` (12)
+   ======================  ==============================================  ==================
+
+   Whitespace alone is never a repeat in instruct mode (a cut inside an indentation continues
+   with the rest of it); in prefill mode the whitespace the request had to strip is.
+
 2. ``h`` repeated at least ``commit_chars`` of ``D`` and then drifted (a restart that diverged):
    drop the repeated part, emit from the divergence;
 3. otherwise emit all of ``h``. Dropping real text is worse than showing a duplicate, so short
-   or coincidental matches never cause a drop.
+   or coincidental matches at no seam never cause a drop.
+
+A preamble is removed only when it says it is one: a continuation phrase ("continuing", "here
+is the rest", "我继续", "接着上文", "続けます", "계속하겠습니다", "je continue", "ich fahre fort",
+"continúo"…), optionally behind an opener ("Sure,", "好的，", "はい、"), ended by a colon, a
+stop or a dash. An opener alone ("Okay, so…", "好的问题") is the answer's own text.
 
 After the decision every chunk passes straight through. The hold is bounded: new text is only
 held while it keeps matching ``D``; past ``max_hold_seconds`` a short ambiguous head is released.
@@ -29,40 +52,57 @@ continuation is released at its first character.
 
 from __future__ import annotations
 
+import bisect
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["DedupStats", "Deduplicator"]
 
-_PREAMBLE = re.compile(
-    r"\s*(?:(?:sure|okay|ok|certainly|of course|alright|absolutely|no problem)[,.!]?\s+)?"
-    r"(?:(?:here(?:'s| is) the (?:rest|continuation)(?: of (?:the|my) (?:answer|response))?)"
+# Openers that may stand before a continuation phrase ("Sure, continuing: …").
+_OPENER = (
+    r"(?:sure|okay|ok|certainly|of course|alright|absolutely|no problem|"
+    r"好的|好|当然|没问题|嗯|はい|承知しました|わかりました|네|물론이죠|알겠습니다|"
+    r"bien sûr|d'accord|claro|por supuesto|certo|certamente|gerne|natürlich|klar|конечно|хорошо)"
+)
+# Phrases that say "I am continuing the previous answer", in the languages users write in.
+_CONTINUE = (
+    r"(?:here(?:'s| is) the (?:rest|continuation)(?: of (?:the|my) (?:answer|response))?"
     r"|(?:(?:i'll|i will|let me) )?continu(?:e|ing)"
     r"(?: (?:from )?(?:where|right where) (?:i|we) left off)?(?: exactly)?"
-    r"(?: (?:from|with) there)?)"
-    r"\s*(?::|\.\.\.|…|—|-|\.)+[ \t]*"
+    r"(?: (?:from|with) there)?"
+    r"|(?:我|下面|接下来)?(?:继续|接着)(?:上文|写|说|回答|往下写)?(?:如下)?"
+    r"|以下是(?:续写|后续内容|剩余部分)"
+    r"|続けます|続きです|続きを(?:書きます|お書きします)|以下、続きです"
+    r"|계속(?:하겠습니다|합니다|해서 작성하겠습니다)|이어서 (?:작성하겠습니다|계속합니다)"
+    r"|je (?:continue|poursuis)|voici la suite|ich (?:fahre fort|mache weiter)"
+    r"|hier ist die fortsetzung|contin[uú]o|continuando|aquí está la continuación"
+    r"|продолжаю|продолжим)"
+)
+_PREAMBLE = re.compile(
+    rf"\s*(?:{_OPENER}\s*[,.!，。！、]?\s*)?{_CONTINUE}"
+    r"\s*(?::|：|\.\.\.|…|—|-|\.|。|，|,)+[ \t]*"
     r"|\s*(?:\.\.\.|…)",
     re.IGNORECASE,
 )
 _OPENERS = (
-    "sure",
-    "okay",
-    "ok",
-    "certainly",
-    "of course",
-    "alright",
-    "absolutely",
-    "no problem",
-    "here",
-    "continu",
-    "i'll",
-    "i will",
-    "let me",
-    "...",
-    "…",
-)
+    "sure", "okay", "ok", "certainly", "of course", "alright", "absolutely", "no problem",
+    "here", "continu", "i'll", "i will", "let me", "...", "…",
+    "好", "当然", "没问题", "嗯", "我继续", "继续", "接着", "下面", "接下来", "以下",
+    "はい", "承知", "わかり", "続", "以下、",
+    "네", "물론", "알겠", "계속", "이어서",
+    "bien", "d'accord", "je ", "voici", "claro", "por supuesto", "aquí", "contin",
+    "certo", "gerne", "natürlich", "klar", "ich ", "hier ist", "конечно", "хорошо", "продолж",
+)  # fmt: skip
 _PREAMBLE_WINDOW = 48
+
+#: Characters that end a sentence, in any script; what may follow them before the next one.
+_SENTENCE_END = frozenset("。！？!?.…｡؟।")
+_CLOSERS = frozenset("\"'”’」』）)]】》 \t\u3000")
+#: Characters that end a clause.
+_CLAUSE_END = frozenset("，、；：,;:﹐﹑﹔﹕")
+_LIST_MARKER = re.compile(r"[ \t]*(?:[-*•·]|\d{1,3}[.)、]|[（(]?\d{1,3}[）)])[ \t\u3000]+")
 
 
 @dataclass(slots=True)
@@ -77,9 +117,46 @@ class DedupStats:
     diverged: bool = False
 
 
+def _width(text: str) -> int:
+    """Length with CJK, kana, Hangul and Thai counted 3 each: a preamble is a few words, which
+    takes about three times fewer of those characters than of Latin ones."""
+    return sum(3 if ord(c) >= 0x0E00 and not 0x2000 <= ord(c) < 0x3000 else 1 for c in text)
+
+
 def _word_start(d: str, k: int) -> bool:
     """Does position ``k`` of ``d`` start a word (after whitespace: "🚀", "¿", "(a" count)?"""
     return k == 0 or (d[k - 1].isspace() and not d[k].isspace())
+
+
+def seam(d: str, k: int) -> str:
+    """What kind of seam position ``k`` of ``d`` is: ``sentence``, ``clause``, ``word`` or ``""``.
+
+    >>> seam("蜜蜂跳舞。🐝 采蜜", 5), seam("一，二", 2), seam("a b", 2), seam("数据", 1)
+    ('sentence', 'clause', 'word', '')
+    """
+    if k <= 0:
+        return "sentence"
+    j = k - 1
+    while j >= 0 and d[j] in _CLOSERS:
+        if d[j] == "\n":
+            return "sentence"
+        j -= 1
+    if j < 0 or d[j] == "\n":
+        return "sentence"
+    line_start = d.rfind("\n", 0, k) + 1
+    if _LIST_MARKER.fullmatch(d, line_start, k):
+        return "sentence"  # just after "- ", "1. ", "（2） " at the start of a line
+    c = d[j]
+    if c in _SENTENCE_END:
+        # "3.14" or "e.g.x" is not a sentence end: a Latin stop needs a space after it.
+        if c in ".!?" and j == k - 1:
+            return ""
+        return "sentence"
+    if c in _CLAUSE_END:
+        return "clause"
+    if _word_start(d, k):
+        return "word"
+    return ""
 
 
 class Deduplicator:
@@ -99,10 +176,13 @@ class Deduplicator:
         min_overlap: int = 12,
         commit_chars: int = 64,
         max_hold_seconds: float = 2.0,
+        token_starts: Iterable[int] = (),
     ) -> None:
         """``stripped``: how many trailing characters of ``delivered`` the prefill left out
-        (Anthropic rejects a prefill ending in whitespace)."""
+        (Anthropic rejects a prefill ending in whitespace). ``token_starts``: offsets in
+        ``delivered`` where its tokens begin (the ledger's encoding; the tail is enough)."""
         self._d = delivered
+        self._tokens = sorted(set(token_starts))
         self.mode = mode
         self._stripped = stripped
         self._min_overlap = min_overlap
@@ -190,9 +270,9 @@ class Deduplicator:
         head = raw.lstrip().lower()
         # Still possibly a preamble: short, opening like one, and not past a preamble's end
         # (a colon, stop or dash with text after it that the pattern did not take).
-        ended = any(c in raw.rstrip() for c in ":.…—-\n") and not match
+        ended = any(c in raw.rstrip() for c in ":.…—-\n：。！？!?") and not match
         plausible = (
-            len(raw) < _PREAMBLE_WINDOW
+            _width(raw) < _PREAMBLE_WINDOW
             and not ended
             and any(o.startswith(head) or head.startswith(o) for o in _OPENERS)
         )
@@ -238,11 +318,22 @@ class Deduplicator:
             k = d.find(h[0], k)
             if k < 0:
                 return 0
-            if h.startswith(d[k:]):
-                m = len(d) - k
-                if m >= self._min_overlap or _word_start(d, k) or d[k:].strip(" \t") == "":
-                    return m
+            if h.startswith(d[k:]) and self._restart_point(k):
+                return len(d) - k
             k += 1
+
+    def _restart_point(self, k: int) -> bool:
+        """Is ``D[k:]`` a repeat a model would make (rule 1's table)?"""
+        d = self._d
+        if not d[k:].strip():
+            # Whitespace alone is no evidence of a repeat here (a cut inside an indentation
+            # continues with the rest of it); prefill's stripped whitespace is handled apart.
+            return False
+        if len(d) - k >= self._min_overlap or seam(d, k):
+            return True
+        i = bisect.bisect_left(self._tokens, k)
+        # A token start, and at least two tokens from there to the end.
+        return i < len(self._tokens) and self._tokens[i] == k and len(self._tokens) - i >= 2
 
     def _decide(self, now: float) -> str:
         h = self._held

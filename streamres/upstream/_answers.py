@@ -9,8 +9,15 @@ request is recognised the way a real server would see it:
   ``continue_final_message: true`` or ``"prefix": true``), *restarts* (starts a new turn, as
   llama-cpp-python and OpenAI do) or *rejects* it with a 400 (newer Claude models);
 * an assistant turn followed by the continue instruction is an **instruct** continuation. The
-  model then repeats the last few words (``overlap``), continues ``exact``-ly, ``restart``-s
-  from the beginning, or says ``preamble`` ("Sure, continuing: ") before an overlap.
+  model then backs up and repeats the end of what it had said (``overlap``), continues
+  ``exact``-ly, ``restart``-s from the beginning, or says a ``preamble`` ("Sure, continuing: ",
+  "好的，我继续：", "続けます：") before backing up. Where it backs up to varies, as with real
+  models, and is drawn from the conversation (so it is reproducible): a few tokens back, a few
+  words back (in scripts with spaces), the start of the clause, or the start of the sentence.
+
+Answers come in the language of the question: Chinese, Japanese, Korean or Thai when the user
+wrote in that script, else English; ``lang=`` forces one. Each language's answer mixes in what
+real answers have: punctuation of its own script, Latin words and numbers, and emoji.
 """
 
 from __future__ import annotations
@@ -25,11 +32,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "PREAMBLES",
     "InstructBehaviour",
+    "Lang",
     "PrefillBehaviour",
     "Reply",
     "answer_for",
+    "language_of",
     "plan_reply",
+    "restart_point",
     "split_tokens",
 ]
 
@@ -40,6 +51,39 @@ InstructBehaviour = Literal["overlap", "exact", "restart", "preamble"]
 #: any phrasing; this one looks for the words of streamres' own instruction).
 CONTINUE_MARKER = re.compile(r"continue exactly where", re.IGNORECASE)
 PREAMBLE = "Sure, continuing from where I left off: "
+#: Preamble wordings by language (the first of each is used by ``instruct="preamble"`` when the
+#: conversation's draw says so; all of them occur).
+PREAMBLES = {
+    "en": (PREAMBLE, "Continuing: ", "Here is the rest of the answer: ", "Okay, I'll continue: "),
+    "zh": ("好的，我继续：", "接着上文：", "好的，继续：", "下面继续："),
+    "ja": ("続けます：", "はい、続けます。", "続きです："),
+    "ko": ("계속하겠습니다: ", "네, 이어서 작성하겠습니다: "),
+    "th": ("Continuing: ",),
+}
+Lang = Literal["en", "zh", "ja", "ko", "th"]
+
+_ZH = (  # noqa: SIM905
+    "蜜蜂 用 舞蹈 传递 方向 采蜜 归来 的 工蜂 沿着 一条 直线 摆动 角度 表示 太阳 距离 "
+    "拥塞窗口 慢启动 数据 流量 发送方 接收方 每 一个 确认 之后 窗口 翻倍 直到 丢包 出现 "
+    "然后 速率 减半 再 小心 试探 服务器 模型 重试 容量 过载 退避 抖动 截止 时间 "
+    "TCP RTT 2 倍 🐝 🚀 ☕ 的 了 和 在 是 也 就"
+).split()
+_JA = (  # noqa: SIM905
+    "ミツバチ は ダンス で 方向 を 伝えます 採餌 から 戻った 働き蜂 が 直線 に 沿って 揺れ "
+    "角度 が 太陽 と 距離 を 示します 輻輳 ウィンドウ スロー スタート データ 送信側 受信側 "
+    "確認 の たびに 倍 に なり 損失 まで 続きます サーバー モデル 再試行 容量 過負荷 "
+    "TCP RTT 🐝 🚀 と の に を は"
+).split()
+_KO = (  # noqa: SIM905
+    "꿀벌은 춤으로 방향을 전달합니다 꿀을 모아 돌아온 일벌이 직선을 따라 흔들며 각도는 "
+    "태양과 거리를 나타냅니다 혼잡 윈도우는 슬로 스타트 동안 확인마다 두 배로 커지고 "
+    "손실이 생기면 속도를 절반으로 줄입니다 서버 모델 재시도 용량 과부하 TCP 🐝 🚀"
+).split()
+_TH = (  # noqa: SIM905
+    "ผึ้ง ใช้ การเต้น บอก ทิศทาง ผึ้งงาน ที่ กลับมา ส่าย ไป ตาม เส้นตรง มุม บอก ดวงอาทิตย์ "
+    "ระยะทาง หน้าต่าง ความแออัด เพิ่ม เป็น สองเท่า จนกว่า จะ มี การสูญเสีย เซิร์ฟเวอร์ โมเดล "
+    "TCP 🐝"
+).split()
 
 _WORDS = (  # noqa: SIM905 - a word list reads better as prose than as 70 quoted items
     "the window grows with every acknowledged segment until a loss signals congestion and "
@@ -63,8 +107,10 @@ def _text_of(content: Any) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _answer(key: str, words: int) -> str:
+def _answer(key: str, words: int, lang: Lang = "en") -> str:
     rng = random.Random(hashlib.sha256(key.encode()).digest())
+    if lang != "en":
+        return _answer_in(rng, words, lang)
     out: list[str] = []
     sentence: list[str] = []
     for i in range(words):
@@ -79,12 +125,65 @@ def _answer(key: str, words: int) -> str:
     return " ".join(out).replace(" \n\n ", "\n\n")
 
 
-def answer_for(messages: list[dict[str, Any]], *, words: int = 90) -> str:
-    """The answer the embedded upstream gives to ``messages`` (OpenAI-style, system included)."""
+def _join(a: str, b: str, spaced: bool) -> str:
+    """Words joined as the script writes them: spaces between words in Korean; in CJK and
+    Thai none, except around Latin words, numbers and emoji, as real answers write them."""
+    if not a:
+        return b
+    latin = (a[-1].isascii() and a[-1].isalnum()) or (b[0].isascii() and b[0].isalnum())
+    emoji = ord(a[-1]) > 0x1F000 or ord(b[0]) > 0x1F000
+    return a + (" " if spaced or latin or emoji else "") + b
+
+
+def _answer_in(rng: random.Random, words: int, lang: Lang) -> str:
+    vocab = {"zh": _ZH, "ja": _JA, "ko": _KO, "th": _TH}[lang]
+    spaced = lang == "ko"
+    comma = {"zh": "，", "ja": "、", "ko": ",", "th": " "}[lang]
+    ends = {"zh": "。。！？", "ja": "。。！？", "ko": "..!?", "th": "  "}[lang]
+    out: list[str] = []
+    sentence = ""
+    count = 0
+    for i in range(words):
+        sentence = _join(sentence, rng.choice(vocab), spaced)
+        count += 1
+        if count >= 3 and rng.random() < 0.2 and i < words - 1:
+            sentence += comma
+            count = 0
+        if len(sentence) >= rng.randint(14, 40) or i == words - 1:
+            out.append(sentence.rstrip(" ，、,") + rng.choice(ends).strip())
+            sentence, count = "", 0
+            if rng.random() < 0.2 and i < words - 1:
+                out.append("\n\n")
+    sep = " " if lang in ("ko", "th") else ""
+    text = sep.join(out).replace(f"{sep}\n\n{sep}", "\n\n") if sep else "".join(out)
+    return text.strip()
+
+
+_SCRIPTS = (
+    ("ja", re.compile(r"[\u3040-\u30ff]")),
+    ("zh", re.compile(r"[\u4e00-\u9fff]")),
+    ("ko", re.compile(r"[\uac00-\ud7af]")),
+    ("th", re.compile(r"[\u0e00-\u0e7f]")),
+)
+
+
+def language_of(messages: list[dict[str, Any]]) -> Lang:
+    """The language an answer is written in: that of the user's words (kana before Han, so
+    Japanese is not read as Chinese), else English."""
+    said = " ".join(_text_of(m.get("content", "")) for m in messages if m.get("role") == "user")
+    for lang, script in _SCRIPTS:
+        if script.search(said):
+            return lang  # type: ignore[return-value]
+    return "en"
+
+
+def answer_for(messages: list[dict[str, Any]], *, words: int = 90, lang: Lang | None = None) -> str:
+    """The answer the embedded upstream gives to ``messages`` (OpenAI-style, system included),
+    in the language of the user's words unless ``lang`` says which."""
     key = json.dumps(
         [[m.get("role"), _text_of(m.get("content", ""))] for m in messages], ensure_ascii=False
     )
-    return _answer(key, words)
+    return _answer(key, words, lang or language_of(messages))
 
 
 @functools.lru_cache(maxsize=1)
@@ -249,6 +348,35 @@ def _overlap_start(full: str, cut: int, words: int) -> int:
     return starts[-words] if len(starts) >= words else starts[0]
 
 
+_CLAUSE = re.compile(r"[，、；：,;:]\s*")
+_SENTENCE = re.compile(r"(?:[。！？]|[.!?](?=\s)|\n)\s*")
+
+
+def restart_point(full: str, cut: int, rng: random.Random, words: int = 3) -> int:
+    """Where a model asked to continue from ``full[:cut]`` backs up to, as real ones do: a few
+    tokens back, ``words`` words back (where the script has spaces), the start of the clause, or
+    the start of the sentence — whichever ``rng`` draws among those that exist."""
+    if cut <= 0:
+        return 0
+    kinds: dict[str, int] = {}
+    if " " in full[max(0, cut - 40) : cut]:
+        kinds["word"] = _overlap_start(full, cut, words)
+    offsets, at = [], 0
+    for piece, _ in split_tokens(full):
+        if at >= cut:
+            break
+        offsets.append(at)
+        at += len(piece)
+    n = rng.randint(2, 8)
+    kinds["token"] = offsets[-n] if len(offsets) >= n else 0
+    clauses = [m.end() for m in _CLAUSE.finditer(full, max(0, cut - 120), cut) if m.end() < cut]
+    if clauses:
+        kinds["clause"] = clauses[-1]
+    sentences = [m.end() for m in _SENTENCE.finditer(full, 0, cut) if m.end() < cut]
+    kinds["sentence"] = sentences[-1] if sentences else 0
+    return kinds[rng.choice(sorted(kinds))]
+
+
 def _common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -317,8 +445,9 @@ def _plan_text(
             return Reply(full, full[cut:], "instruct")
         if instruct == "restart":
             return Reply(full, full, "instruct")
-        start = _overlap_start(full, cut, overlap_words)
-        head = PREAMBLE if instruct == "preamble" else ""
+        draw = random.Random(hashlib.sha256(partial.encode()).digest())
+        start = restart_point(full, cut, draw, overlap_words)
+        head = draw.choice(PREAMBLES[language_of(messages[:-2])]) if instruct == "preamble" else ""
         return Reply(full, head + full[start:], "instruct")
     full = answer_for(messages, words=words)
     return Reply(full, full, "fresh")
