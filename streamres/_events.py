@@ -170,6 +170,9 @@ class DoneEvent:
     tool_calls: tuple[ToolCall, ...] = ()
     #: The reasoning text streamed as ``thinking`` events.
     thinking: str = ""
+    #: What the model said instead of answering, when it refused (OpenAI's ``refusal``); the
+    #: finish reason is then ``"refusal"``.
+    refusal: str = ""
     type: Literal["done"] = field(default="done", init=False)
 
 

@@ -103,13 +103,29 @@ class OpenAIDecoder(StreamDecoder):
         if not choices:
             return ""
         choice = choices[0]
+        if choice.get("index", 0) != 0:
+            # Only the first choice is the answer (streamres asks for one; n > 1 is refused at
+            # the call): a server's other choices are not mixed into it.
+            choice = next((c for c in choices if c.get("index", 0) == 0), None)
+            if choice is None:
+                return ""
         delta = choice.get("delta") or {}
+        refusal = text_or_none(delta.get("refusal"))
+        if refusal:
+            self.refusal.append(refusal)
+            self.generating = True
         reasoning = text_or_none(delta.get("reasoning_content") or delta.get("reasoning"))
         if reasoning:
             self.side.append(("thinking", reasoning))
         for call in delta.get("tool_calls") or ():
             self.generating = True
-            index = call.get("index", 0)
+            index = call.get("index")
+            if index is None:
+                # Mistral sends parallel calls without an index, each whole with its own id.
+                ident = call.get("id")
+                last = max(self.calls, default=-1)
+                new = last < 0 or (ident and self.calls[last].id and self.calls[last].id != ident)
+                index = last + 1 if new else last
             if type(index) is not int:
                 raise TypeError("a tool call's index must be an integer")
             partial = self.calls.setdefault(index, PartialCall())

@@ -81,6 +81,10 @@ class ResponsesDecoder(StreamDecoder):
         kind = text_or_none(event.get("type")) or name
         if kind == "response.output_text.delta":
             return text_or_none(event.get("delta")) or ""
+        if kind == "response.refusal.delta":
+            self.refusal.append(text_or_none(event.get("delta")) or "")
+            self.generating = True
+            return ""
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             self.side.append(("thinking", text_or_none(event.get("delta")) or ""))
             return ""

@@ -443,7 +443,7 @@ class _Answer:
                 why.append(f"{route.model} circuit open for {wait:.0f} s")
         return "no model can take a request before the deadline: " + "; ".join(why)
 
-    async def done(self, finish_reason: str) -> DoneEvent:
+    async def done(self, finish_reason: str, refusal: str = "") -> DoneEvent:
         single = self.resumes == 0 and not self.estimated and self.ledger is None
         if single and self.output_tokens is not None:
             delivered = self.output_tokens  # the server's own count of this single attempt
@@ -482,6 +482,7 @@ class _Answer:
             elapsed=elapsed,
             tool_calls=self.tool_calls,
             thinking="".join(self.thinking),
+            refusal=refusal,
         )
 
 
@@ -980,7 +981,9 @@ async def _run(
                     )
                 )
                 ans.failures[ans.pos] = 0
-                yield await ans.done(decoder.finish_reason or "stop")
+                refusal = "".join(decoder.refusal)
+                finish = "refusal" if refusal else decoder.finish_reason or "stop"
+                yield await ans.done(finish, refusal)
                 if lingering is not None:
                     # The caller has its done event; now let the connection go back to the pool.
                     await _drain(lingering[0], min(ans.t_end - now(), 1.0))

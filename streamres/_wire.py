@@ -123,6 +123,7 @@ class StreamDecoder:
         "generating",
         "input_tokens",
         "output_tokens",
+        "refusal",
         "side",
         "signed_thinking",
         "terminal",
@@ -146,6 +147,8 @@ class StreamDecoder:
         self.error: Failure | None = None
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
+        #: Refusal text the model sent instead of an answer (OpenAI ``delta.refusal``).
+        self.refusal: list[str] = []
 
     def feed(self, name: str, data: bytes) -> str:
         """One SSE event -> the text it adds to the answer (``""`` for none)."""
@@ -158,6 +161,10 @@ class StreamDecoder:
         done = [c.complete() for _, c in sorted(self.calls.items())]
         calls = tuple(c for c in done if c is not None)
         self.calls = {}
+        if len(calls) != len(done) and self.finish_reason == "length":
+            # The token budget ran out inside a call: the server said so. The answer ends
+            # there (finish "length"), with no call: never a resume into the middle of JSON.
+            return
         if len(calls) != len(done):
             self.finish_reason = None  # the turn is not complete
             self.error = failure(
