@@ -98,6 +98,9 @@ _PREFILL = re.compile(
 _CAPACITY_TYPES = frozenset(
     {"overloaded_error", "server_is_overloaded", "overloaded", "model_overloaded", "capacity"}
 )
+#: In-band errors about what the model generated, not the request (Groq's ``tool_use_failed``):
+#: retried, even under an ``invalid_request_error`` type.
+_MODEL_SLIPS = frozenset({"tool_use_failed", "output_parse_failed"})
 _RATE_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded", "rate_limited", "tokens"})
 _PERMANENT_TYPES = frozenset(
     {
@@ -145,6 +148,8 @@ def classify_error_object(error: Any) -> Failure:
     """
     message, error_type, names = _describe(error)
     kind = _by_message(message)
+    if kind is None and names & _MODEL_SLIPS:
+        kind = "transient"  # the model wrote a malformed call: generating again can succeed
     if kind is None:
         if names & _CAPACITY_TYPES:
             kind = "capacity"

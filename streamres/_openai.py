@@ -101,6 +101,8 @@ class OpenAIDecoder(StreamDecoder):
             return ""
         choices = chunk.get("choices")
         if not choices:
+            if usage:
+                self.final_usage = True
             return ""
         choice = choices[0]
         if choice.get("index", 0) != 0:

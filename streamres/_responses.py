@@ -59,12 +59,14 @@ def replay_request(
 class ResponsesDecoder(StreamDecoder):
     """Responses API events -> text; see :class:`~streamres._wire.StreamDecoder`."""
 
-    __slots__ = ("background", "response_id", "sequence")
+    __slots__ = ("background", "response_failed", "response_id", "sequence")
 
     def __init__(self) -> None:
         super().__init__()
         self.response_id: str | None = None
         self.background = False
+        #: ``response.failed`` arrived: the stored response is dead, never re-attached to.
+        self.response_failed = False
         #: The last sequence_number seen: where a replay starts after.
         self.sequence: int | None = None
 
@@ -106,6 +108,10 @@ class ResponsesDecoder(StreamDecoder):
                 self._finish_calls()
         elif kind == "response.failed":
             self.error = classify_error_object(response.get("error") or {})
+            # The response itself failed: re-attaching would replay the failure. The answer
+            # goes on with a new request.
+            self.background = False
+            self.response_failed = True
         elif kind == "error":
             self.error = classify_error_object(event.get("error") or event)
         return ""

@@ -871,6 +871,15 @@ async def _run(
                                         yield ToolCallEvent(call.id, call.name, call.arguments)
                                 if decoder.error is not None or decoder.terminal or eof:
                                     fail = decoder.end_failure()
+                                    # Whole tool calls that ended a turn with no finish reason.
+                                    for kind, value in decoder.side:
+                                        if kind == "tool_calls":
+                                            ans.tool_calls = value
+                                            for call in value:
+                                                yield ToolCallEvent(
+                                                    call.id, call.name, call.arguments
+                                                )
+                                    decoder.side.clear()
                                     if fail is None and not eof:
                                         # Complete: read the body's end after the done event
                                         # is out, so the connection can be reused.
@@ -890,7 +899,9 @@ async def _run(
                         ans.replay[1] if replayed and ans.replay else None
                     )
                     background = decoder.background or bool(opts.extra_body.get("background"))
-                    if response_id and background and decoder.sequence is not None:
+                    if decoder.response_failed:
+                        ans.replay = None  # a failed response replays its failure: start anew
+                    elif response_id and background and decoder.sequence is not None:
                         ans.replay = (index, response_id, decoder.sequence)
                 if fail is not None:
                     fail = reinterpret(

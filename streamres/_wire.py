@@ -89,6 +89,14 @@ class PartialCall:
     requires_close: bool = False
     closed: bool = False
 
+    def complete_without_close(self) -> ToolCall | None:
+        """As :meth:`complete`, but the arguments must be there and parse (no finish reason
+        vouches for the turn, so an empty argument list is not taken as ``{}``)."""
+        text = "".join(self.arguments)
+        if not (self.id and self.name and text.strip()):
+            return None
+        return self.complete()
+
     def complete(self) -> ToolCall | None:
         """The call, if its arguments arrived whole and parse as JSON; else None."""
         text = "".join(self.arguments)
@@ -119,6 +127,7 @@ class StreamDecoder:
     __slots__ = (
         "calls",
         "error",
+        "final_usage",
         "finish_reason",
         "generating",
         "input_tokens",
@@ -149,6 +158,8 @@ class StreamDecoder:
         self.output_tokens: int | None = None
         #: Refusal text the model sent instead of an answer (OpenAI ``delta.refusal``).
         self.refusal: list[str] = []
+        #: A usage chunk with no choices came (how OpenAI-compatible servers end a generation).
+        self.final_usage = False
 
     def feed(self, name: str, data: bytes) -> str:
         """One SSE event -> the text it adds to the answer (``""`` for none)."""
@@ -183,11 +194,32 @@ class StreamDecoder:
             return None
         if self.error is not None:
             return self.error
+        if self.terminal and self._complete_without_finish():
+            return None
         if self.terminal:
             return failure(
                 "truncated", "the stream sent its terminator without a finish reason (cut short)"
             )
         return failure("truncated", "the stream ended without its terminal event")
+
+    def _complete_without_finish(self) -> bool:
+        """The terminator came with no finish reason: complete, or cut short? Some servers never
+        send one (Snowflake Cortex; text-generation-inference with tool calls), while
+        llama-cpp-python ends a stream it *cut* the same way. Decided from evidence in the
+        stream itself: a final usage chunk (the server accounted for a finished generation), or
+        tool calls that are all whole (their arguments parse). Without either: cut short."""
+        if self.calls:
+            done = [c.complete_without_close() for _, c in sorted(self.calls.items())]
+            if all(c is not None for c in done):
+                self.calls = {}
+                self.side.append(("tool_calls", tuple(c for c in done if c is not None)))
+                self.finish_reason = "tool_calls"
+                return True
+            return False
+        if self.final_usage:
+            self.finish_reason = "stop"
+            return True
+        return False
 
     def _malformed(self, data: bytes) -> str:
         shown = data[:80].decode("utf-8", "replace")

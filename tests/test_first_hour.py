@@ -16,6 +16,7 @@ import pytest
 import streamres
 from streamres import Backoff, Client, Route
 from streamres._stall import StallTimer
+from streamres import _stream
 from streamres._stream import _connect_cause
 from streamres.upstream import Upstream
 
@@ -65,8 +66,11 @@ async def test_an_llm_api_404_keeps_its_own_words() -> None:
     assert "does not exist" in str(err) and "not what an LLM API" not in str(err)
 
 
-async def test_tls_to_a_plain_http_server_names_the_handshake() -> None:
+async def test_tls_to_a_plain_http_server_names_the_handshake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """https:// to a server that speaks plain HTTP: unreachable, "TLS handshake failed"."""
+    monkeypatch.setattr(_stream, "_reached", set())
 
     async def plain_http(stream: anyio.abc.SocketStream) -> None:
         async with stream:  # answers the TLS hello as an HTTP server answers garbage
@@ -107,8 +111,11 @@ def test_connect_causes_in_words() -> None:
     assert "connection refused" in _connect_cause(chained(group))
 
 
-async def test_an_unreachable_model_falls_back_without_capacity_words() -> None:
+async def test_an_unreachable_model_falls_back_without_capacity_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A route whose server cannot be reached: the fallback says so, not "many people"."""
+    monkeypatch.setattr(_stream, "_reached", set())  # the port may have served another test
     async with Upstream() as dead:
         dead_url = dead.openai_url
     async with Upstream() as up:

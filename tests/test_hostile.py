@@ -438,3 +438,37 @@ async def test_five_hundred_concurrent_streams_all_finish() -> None:
         assert len(results) == 500
         assert all(t == up.answer(USER, words=12) for t, _ in results)
         assert m.failures == 0 and m.requests == 500
+
+
+def _responses_event(obj: dict[str, Any]) -> bytes:
+    return f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n"
+
+
+async def test_a_failed_background_response_is_not_re_attached_to() -> None:
+    """response.failed on a background response: the next request is a new one (re-attaching
+    would only replay the failure, again and again until the deadline)."""
+    created = {
+        "type": "response.created",
+        "sequence_number": 0,
+        "response": {"id": "resp_1", "background": True, "status": "in_progress"},
+    }
+    delta = {"type": "response.output_text.delta", "sequence_number": 1, "delta": "Slow "}
+    failed = {
+        "type": "response.failed",
+        "sequence_number": 2,
+        "response": {"id": "resp_1", "error": {"code": "server_error", "message": "boom"}},
+    }
+    rest = [
+        {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_2"}},
+        {"type": "response.output_text.delta", "sequence_number": 1, "delta": "start."},
+        {"type": "response.completed", "sequence_number": 2,
+         "response": {"id": "resp_2", "status": "completed", "usage": {"input_tokens": 3, "output_tokens": 2}}},
+    ]  # fmt: skip
+    first = [head(), *(chunk(_responses_event(e)) for e in (created, delta, failed)), END]
+    second = [head(), *(chunk(_responses_event(e)) for e in rest), END]
+    async with hostile(first, second) as srv:
+        text, _, done = await run(
+            call(srv.url, provider="openai-responses", background=True, store=True)
+        )
+    assert isinstance(done, streamres.DoneEvent) and text == "Slow start."
+    assert [h.split(b" ")[0] for h, _ in srv.requests] == [b"POST", b"POST"]

@@ -364,9 +364,12 @@ async def test_bad_arguments_are_refused_before_any_request(
     assert upstream.requests == []
 
 
-async def test_a_closed_port_fails_fast_naming_the_address_and_the_refusal() -> None:
+async def test_a_closed_port_fails_fast_naming_the_address_and_the_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A URL that never answered and refuses connections: a few quick tries, then
     UpstreamUnreachable naming the address and the cause — not the whole 120 s deadline."""
+    monkeypatch.setattr(_stream, "_reached", set())  # the port may have served another test
     async with Upstream() as up:
         url = up.openai_url
     start = anyio.current_time()

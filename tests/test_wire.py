@@ -84,12 +84,94 @@ def test_anthropic_stream() -> None:
 
 
 def test_done_without_finish_reason_is_truncation() -> None:
-    """llama-cpp-python's cut stream: [DONE] with no finish_reason is not success."""
+    """llama-cpp-python's cut stream: [DONE] with no finish_reason (and no usage) is not
+    success."""
     dec = _openai.OpenAIDecoder()
     body = OPENAI_OK.replace(b'"finish_reason":"stop"', b'"finish_reason":null')
+    body = b"\n\n".join(p for p in body.split(b"\n\n") if b'"usage":{' not in p)
     decode(dec, body)
     failure = dec.end_failure()
     assert failure is not None and failure.kind == "truncated"
+
+
+def test_a_server_that_never_sends_a_finish_reason_is_complete_with_a_final_usage_chunk() -> None:
+    """Snowflake Cortex's shape: no finish reason, then a usage chunk and [DONE]: complete."""
+    dec = _openai.OpenAIDecoder()
+    body = OPENAI_OK.replace(b'"finish_reason":"stop"', b'"finish_reason":null')
+    assert decode(dec, body) == "The end"
+    assert dec.end_failure() is None and dec.finish_reason == "stop"
+
+
+def test_whole_tool_calls_without_a_finish_reason_are_complete() -> None:
+    """text-generation-inference's tool calls: no finish reason, [DONE]; the call parses, so
+    the turn is complete and the call is handed over."""
+    dec = _openai.OpenAIDecoder()
+    call = b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\\"city\\": \\"Paris\\"}"}}]},"finish_reason":null}]}\n\n'
+    decode(dec, call + b"data: [DONE]\n\n")
+    assert dec.end_failure() is None and dec.finish_reason == "tool_calls"
+    ((kind, calls),) = dec.side
+    assert kind == "tool_calls" and calls[0].name == "get_weather"
+    cut = _openai.OpenAIDecoder()
+    decode(cut, call.replace(b'\\"Paris\\"}', b'\\"Par') + b"data: [DONE]\n\n")
+    failure = cut.end_failure()
+    assert failure is not None and failure.kind == "truncated"  # arguments cut: not whole
+
+
+def test_groq_tool_use_failed_in_a_200_stream_is_retried() -> None:
+    """Groq's in-band tool_use_failed (the model wrote a malformed call) is transient."""
+    dec = _openai.OpenAIDecoder()
+    decode(
+        dec,
+        b'data: {"error":{"message":"Failed to call a function. Please adjust your prompt.","type":"invalid_request_error","code":"tool_use_failed"}}\n\n',
+    )
+    assert dec.error is not None and dec.error.kind == "transient"
+
+
+def test_only_the_first_choice_is_the_answer() -> None:
+    """Choices other than index 0 (a server answering n > 1) are not mixed into the text."""
+    dec = _openai.OpenAIDecoder()
+    chunks = b"".join(
+        b'data: {"id":"c","choices":[{"index":%d,"delta":{"content":"%s"},"finish_reason":null}]}\n\n'
+        % (i, w)
+        for i, w in [(0, b"A"), (1, b"x"), (2, b"y"), (0, b"B")]
+    )
+    assert decode(dec, chunks) == "AB"
+
+
+def test_parallel_calls_without_an_index_stay_apart() -> None:
+    """Mistral sends two calls in one chunk with no index: two calls, not one merged."""
+    dec = _openai.OpenAIDecoder()
+    body = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"id":"a1","function":{"name":"weather","arguments":"{\\"city\\": \\"Paris\\"}"}},{"id":"b2","function":{"name":"time","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    decode(dec, body)
+    ((_, calls),) = dec.side
+    assert [(c.id, c.name) for c in calls] == [("a1", "weather"), ("b2", "time")]
+
+
+def test_a_call_cut_by_the_token_limit_ends_as_length_with_no_call() -> None:
+    """finish_reason "length" inside a call's arguments: the answer ends there, no call, no
+    resume into JSON."""
+    dec = _openai.OpenAIDecoder()
+    body = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a1","function":{"name":"write","arguments":"{\\"text\\": \\"abc"}}]},"finish_reason":null}]}\n\n'
+        b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    decode(dec, body)
+    assert dec.end_failure() is None and dec.finish_reason == "length" and dec.side == []
+
+
+def test_a_refusal_is_kept_apart_from_the_text() -> None:
+    """OpenAI's delta.refusal is refusal text, not answer text, and not lost."""
+    dec = _openai.OpenAIDecoder()
+    body = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"refusal":"I can\'t help"},"finish_reason":null}]}\n\n'
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"refusal":" with that."},"finish_reason":"stop"}]}\n\n'
+    )
+    assert decode(dec, body) == ""
+    assert "".join(dec.refusal) == "I can't help with that."
 
 
 def test_empty_body_is_truncation() -> None:
