@@ -14,9 +14,8 @@ import httpx
 import pytest
 
 import streamres
-from streamres import Backoff, Client, Route
+from streamres import Backoff, Client, Route, _stream
 from streamres._stall import StallTimer
-from streamres import _stream
 from streamres._stream import _connect_cause
 from streamres.upstream import Upstream
 
