@@ -14,6 +14,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from ._classify import classify_error_object
+from ._tools import anthropic_messages, anthropic_tools
 from ._wire import HttpRequest, PartialCall, StreamDecoder, count, normalise_finish, text_or_none
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicDecoder", "build_request"]
@@ -53,7 +54,7 @@ def build_request(
         headers["x-api-key"] = api_key
     headers.update(extra_headers)
     system = [_text_of(m["content"]) for m in messages if m["role"] in ("system", "developer")]
-    turns = [m for m in messages if m["role"] not in ("system", "developer")]
+    turns = anthropic_messages([m for m in messages if m["role"] not in ("system", "developer")])
     body: dict[str, Any] = {
         "model": model,
         "messages": turns,
@@ -63,6 +64,7 @@ def build_request(
     if system:
         body["system"] = "\n\n".join(system)
     body.update(extra_body)
+    body.update(anthropic_tools(extra_body))  # tools written once, in OpenAI's shape
     base = base_url.rstrip("/")
     url = base + ("/messages" if base.endswith("/v1") else "/v1/messages")
     return HttpRequest(url=url, headers=headers, body=body)

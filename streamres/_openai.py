@@ -14,6 +14,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from ._classify import classify_error_object
+from ._tools import openai_tools
 from ._wire import HttpRequest, PartialCall, StreamDecoder, count, normalise_finish, text_or_none
 
 __all__ = ["OpenAIDecoder", "build_request", "headers"]
@@ -51,6 +52,7 @@ def build_request(
         field = "max_completion_tokens" if "api.openai.com" in base_url else "max_tokens"
         body[field] = max_tokens
     body.update(extra_body)
+    body.update(openai_tools(extra_body))  # tools written in any provider's shape
     return HttpRequest(
         url=base_url.rstrip("/") + "/chat/completions",
         headers=headers(api_key, extra_headers),

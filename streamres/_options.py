@@ -193,7 +193,9 @@ def check_options(
             raise _bad(f"messages[{i}] must be a dict with 'role' and 'content'; got {m!r:.80}")
         if m["role"] not in _ROLES:
             raise _bad(f"messages[{i}] has role {m['role']!r}; expected one of {sorted(_ROLES)}")
-        if not isinstance(m["content"], (str, list)):
+        if not isinstance(m["content"], (str, list)) and not (
+            m["content"] is None and m.get("tool_calls")
+        ):
             raise _bad(f"messages[{i}]['content'] must be a string or a list of content parts")
         checked.append(dict(m))
     for name, value in (("max_tokens", max_tokens), ("max_attempts", max_attempts)):

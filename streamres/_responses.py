@@ -16,6 +16,7 @@ from typing import Any
 
 from ._classify import classify_error_object
 from ._openai import headers
+from ._tools import responses_input, responses_tools
 from ._wire import HttpRequest, PartialCall, StreamDecoder, count, text_or_none
 
 __all__ = ["ResponsesDecoder", "build_request", "replay_request"]
@@ -32,10 +33,11 @@ def build_request(
     extra_headers: dict[str, str],
 ) -> HttpRequest:
     """``POST /responses`` with the conversation as input messages."""
-    body: dict[str, Any] = {"model": model, "input": messages, "stream": True}
+    body: dict[str, Any] = {"model": model, "input": responses_input(messages), "stream": True}
     if max_tokens is not None:
         body["max_output_tokens"] = max_tokens
     body.update(extra_body)
+    body.update(responses_tools(extra_body))  # function tools are flat in this API
     return HttpRequest(
         url=base_url.rstrip("/") + "/responses",
         headers=headers(api_key, extra_headers),

@@ -180,10 +180,25 @@ def language_of(messages: list[dict[str, Any]]) -> Lang:
 def answer_for(messages: list[dict[str, Any]], *, words: int = 90, lang: Lang | None = None) -> str:
     """The answer the embedded upstream gives to ``messages`` (OpenAI-style, system included),
     in the language of the user's words unless ``lang`` says which."""
-    key = json.dumps(
-        [[m.get("role"), _text_of(m.get("content", ""))] for m in messages], ensure_ascii=False
-    )
+    key = json.dumps(_turns(messages), ensure_ascii=False)
     return _answer(key, words, lang or language_of(messages))
+
+
+def _turns(messages: list[dict[str, Any]]) -> list[list[Any]]:
+    """A conversation as (role, text) turns, the same whichever API carried it: Anthropic's
+    ``tool_result`` blocks and OpenAI's ``tool`` turns are both tool turns, a turn of only
+    ``tool_use`` blocks is an assistant turn with no text, like one with only ``tool_calls``."""
+    turns: list[list[Any]] = []
+    for m in messages:
+        content = m.get("content", "")
+        results = [
+            b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"
+        ] if isinstance(content, list) else []  # fmt: skip
+        if results:
+            turns += [["tool", _text_of(b.get("content", ""))] for b in results]
+        else:
+            turns.append([m.get("role"), _text_of(content if content is not None else "")])
+    return turns
 
 
 @functools.lru_cache(maxsize=1)

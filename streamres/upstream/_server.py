@@ -128,13 +128,46 @@ def _render_clean(
     return b"".join(parts), tokens
 
 
+def check_tool_shapes(provider: str, body: dict[str, Any]) -> str | None:
+    """The real APIs' rules for tools and tool turns, as they answer them with a 400: each
+    takes only its own shape (OpenAI's nested ``function``, Anthropic's ``input_schema``, the
+    Responses API's flat function tools; ``tool`` turns only on Chat Completions)."""
+    for i, tool in enumerate(body.get("tools") or ()):
+        if not isinstance(tool, dict):
+            return f"tools.{i}: Input should be an object"
+        custom = provider == "anthropic" and tool.get("type") in (None, "custom", "function")
+        if custom and ("input_schema" not in tool or "name" not in tool):
+            return f"tools.{i}.custom.input_schema: Field required"
+        if provider == "openai" and not isinstance(tool.get("function"), dict):
+            return f"Missing required parameter: 'tools[{i}].function'."
+        if provider == "responses" and tool.get("type") == "function" and "name" not in tool:
+            return f"Missing required parameter: 'tools[{i}].name'."
+    messages = body.get("messages") if provider != "responses" else None
+    for i, m in enumerate(messages or ()):
+        if not isinstance(m, dict):
+            continue
+        if provider == "anthropic" and (m.get("role") == "tool" or "tool_calls" in m):
+            return f"messages.{i}: Anthropic takes tool_use and tool_result blocks, not tool turns"
+        content = m.get("content")
+        blocks: list[Any] = content if isinstance(content, list) else []
+        if provider == "openai" and any(
+            isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result") for b in blocks
+        ):
+            return f"Invalid value for 'messages[{i}].content': tool_use blocks are not supported"
+    return None
+
+
 def _input_messages(items: Any) -> list[dict[str, Any]]:
     """The Responses API's ``input`` (a string, or message items) as chat messages."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages = []
     for item in items or ():
-        if isinstance(item, dict) and "role" in item:
+        if isinstance(item, dict) and item.get("type") == "function_call":
+            messages.append({"role": "assistant", "content": ""})
+        elif isinstance(item, dict) and item.get("type") == "function_call_output":
+            messages.append({"role": "tool", "content": str(item.get("output", ""))})
+        elif isinstance(item, dict) and "role" in item:
             content = item.get("content", "")
             if isinstance(content, list):
                 content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
@@ -449,6 +482,11 @@ class Upstream:
             messages.insert(0, {"role": "system", "content": body["system"]})
         if not messages or (provider == "anthropic" and "max_tokens" not in body):
             await refuse(400, message="messages and (for /v1/messages) max_tokens are required")
+            return
+
+        shape = check_tool_shapes(provider, body)
+        if shape is not None:
+            await refuse(400, "invalid_request_error", shape)
             return
 
         limit = spec.max_in_flight if spec.max_in_flight is not None else self.max_in_flight

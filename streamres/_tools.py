@@ -1,0 +1,215 @@
+"""Tools written once, for every provider. Pure.
+
+A caller writes ``tools`` and ``tool_choice`` in the OpenAI Chat Completions function format,
+and tool calls and their results in the message history the OpenAI way (an assistant message
+with ``tool_calls``, then ``role: "tool"`` messages). Each provider gets them in its own shape,
+so that a ``Client`` whose routes mix providers can fall back from an OpenAI model to a Claude
+model (or back) in the middle of a tool-using answer::
+
+    OpenAI function tool                      Anthropic                 Responses API
+    {"type": "function", "function":          {"name", "description",   {"type": "function",
+      {"name", "description", "parameters"}}    "input_schema"}           "name", "description",
+                                                                          "parameters"}
+    tool_choice "auto" | "none" | "required"  {"type": "auto"|"none"|"any"}    as given
+    {"type": "function", "function": {name}}  {"type": "tool", "name"}  {"type": "function", name}
+    assistant {"tool_calls": [...]}           tool_use blocks           function_call items
+    {"role": "tool", "tool_call_id", ...}     a user turn of            function_call_output
+                                              tool_result blocks        items
+
+A provider's own format is still accepted: anything already in the target shape passes as it
+is, and the other two shapes are read too (so tools written for Claude reach an OpenAI model).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "anthropic_messages",
+    "anthropic_tools",
+    "canonical_tool",
+    "openai_tools",
+    "responses_input",
+    "responses_tools",
+]
+
+
+def canonical_tool(tool: Any) -> Any:
+    """Any of the three shapes -> the OpenAI function shape (other tools pass unchanged)."""
+    if not isinstance(tool, Mapping):
+        return tool
+    if isinstance(tool.get("function"), Mapping):
+        return dict(tool)
+    if "input_schema" in tool and "name" in tool:  # Anthropic
+        fn = {"name": tool["name"], "parameters": tool["input_schema"]}
+        if tool.get("description"):
+            fn["description"] = tool["description"]
+        return {"type": "function", "function": fn}
+    if tool.get("type") == "function" and "name" in tool:  # Responses API
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+        return {"type": "function", "function": fn}
+    return dict(tool)  # a provider's own built-in tool (web search…): as given
+
+
+def _canonical_choice(choice: Any) -> Any:
+    if isinstance(choice, Mapping):
+        kind = choice.get("type")
+        if kind == "tool" and "name" in choice:  # Anthropic
+            return {"type": "function", "function": {"name": choice["name"]}}
+        if kind == "function" and "name" in choice:  # Responses
+            return {"type": "function", "function": {"name": choice["name"]}}
+        if kind == "any":
+            return "required"
+        if kind in ("auto", "none"):
+            return kind
+    return choice
+
+
+def openai_tools(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``tools`` / ``tool_choice`` for Chat Completions (read from any shape)."""
+    out: dict[str, Any] = {}
+    if isinstance(body.get("tools"), Sequence):
+        out["tools"] = [canonical_tool(t) for t in body["tools"]]
+    if "tool_choice" in body:
+        out["tool_choice"] = _canonical_choice(body["tool_choice"])
+    return out
+
+
+def anthropic_tools(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``tools`` / ``tool_choice`` for the Messages API."""
+    out: dict[str, Any] = {}
+    if isinstance(body.get("tools"), Sequence):
+        tools = []
+        for t in body["tools"]:
+            c = canonical_tool(t)
+            fn = c.get("function") if isinstance(c, Mapping) else None
+            if isinstance(fn, Mapping):
+                tool = {
+                    "name": fn.get("name"),
+                    "input_schema": fn.get("parameters") or {"type": "object", "properties": {}},
+                }
+                if fn.get("description"):
+                    tool["description"] = fn["description"]
+                tools.append(tool)
+            else:
+                tools.append(c)
+        out["tools"] = tools
+    if "tool_choice" in body:
+        choice = _canonical_choice(body["tool_choice"])
+        if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+            out["tool_choice"] = {"type": "tool", "name": choice["function"].get("name")}
+        elif choice == "required":
+            out["tool_choice"] = {"type": "any"}
+        elif choice in ("auto", "none"):
+            out["tool_choice"] = {"type": choice}
+        else:
+            out["tool_choice"] = choice
+    return out
+
+
+def responses_tools(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``tools`` / ``tool_choice`` for the Responses API (function tools are flat there)."""
+    out: dict[str, Any] = {}
+    if isinstance(body.get("tools"), Sequence):
+        tools = []
+        for t in body["tools"]:
+            c = canonical_tool(t)
+            fn = c.get("function") if isinstance(c, Mapping) else None
+            tools.append({"type": "function", **fn} if isinstance(fn, Mapping) else c)
+        out["tools"] = tools
+    if "tool_choice" in body:
+        choice = _canonical_choice(body["tool_choice"])
+        if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+            out["tool_choice"] = {"type": "function", "name": choice["function"].get("name")}
+        else:
+            out["tool_choice"] = choice
+    return out
+
+
+def _arguments(text: Any) -> Any:
+    if isinstance(text, str):
+        try:
+            return json.loads(text) if text.strip() else {}
+        except ValueError:
+            return {}
+    return text if isinstance(text, Mapping) else {}
+
+
+def anthropic_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Turns with OpenAI-style tool calls and results, as the Messages API takes them:
+    ``tool_use`` blocks on the assistant turn, ``tool_result`` blocks in a user turn (results
+    that follow each other share one)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant" and m.get("tool_calls"):
+            blocks: list[dict[str, Any]] = []
+            content = m.get("content")
+            if isinstance(content, str) and content:
+                blocks.append({"type": "text", "text": content})
+            elif isinstance(content, list):
+                blocks.extend(dict(b) for b in content)
+            for call in m["tool_calls"]:
+                fn = call.get("function") or {}
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call.get("id"),
+                        "name": fn.get("name"),
+                        "input": _arguments(fn.get("arguments")),
+                    }
+                )
+            out.append({"role": "assistant", "content": blocks})
+        elif role == "tool":
+            result = {
+                "type": "tool_result",
+                "tool_use_id": m.get("tool_call_id"),
+                "content": m.get("content") if m.get("content") is not None else "",
+            }
+            last = out[-1] if out else None
+            if (
+                last is not None
+                and last["role"] == "user"
+                and isinstance(last["content"], list)
+                and all(b.get("type") == "tool_result" for b in last["content"])
+            ):
+                last["content"].append(result)
+            else:
+                out.append({"role": "user", "content": [result]})
+        else:
+            out.append({k: v for k, v in m.items() if k not in ("tool_calls", "name")})
+    return out
+
+
+def responses_input(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Turns with OpenAI-style tool calls and results as Responses API input items."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant" and m.get("tool_calls"):
+            if m.get("content"):
+                out.append({"role": "assistant", "content": m["content"]})
+            for call in m["tool_calls"]:
+                fn = call.get("function") or {}
+                out.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call.get("id"),
+                        "name": fn.get("name"),
+                        "arguments": fn.get("arguments") or "{}",
+                    }
+                )
+        elif role == "tool":
+            content = m.get("content")
+            out.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m.get("tool_call_id"),
+                    "output": content if isinstance(content, str) else json.dumps(content),
+                }
+            )
+        else:
+            out.append(dict(m))
+    return out
