@@ -151,9 +151,16 @@ class AnthropicDecoder(StreamDecoder):
             if block is not None and block["signature"]:
                 self.signed_thinking.append(block)
         elif kind == "message_start":
-            usage = (event.get("message") or {}).get("usage") or {}
+            message = event.get("message") or {}
+            usage = message.get("usage") or {}
+            if message.get("stop_reason"):
+                self.finish_reason = normalise_finish(message["stop_reason"])
+            text = self._prepopulated(message.get("content") or [])
+            if self.finish_reason is not None:
+                self._finish_calls()
             self.input_tokens = count(usage.get("input_tokens"), self.input_tokens)
             self.output_tokens = count(usage.get("output_tokens"), self.output_tokens)
+            return text
         elif kind == "message_delta":
             reason = (event.get("delta") or {}).get("stop_reason")
             if reason:
@@ -168,3 +175,22 @@ class AnthropicDecoder(StreamDecoder):
         elif kind == "error":
             self.error = classify_error_object(event.get("error") or {})
         return ""
+
+    def _prepopulated(self, content: list[Any]) -> str:
+        """Blocks a ``message_start`` already carries whole (programmatic tool calling resumes
+        a turn this way): text is answer text, ``tool_use`` blocks are whole calls."""
+        text = []
+        for i, block in enumerate(content):
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "text":
+                text.append(text_or_none(block.get("text")) or "")
+            elif block.get("type") == "tool_use":
+                self.calls[i] = PartialCall(
+                    id=str(block.get("id", "")),
+                    name=str(block.get("name", "")),
+                    arguments=[json.dumps(block.get("input") or {})],
+                    requires_close=True,
+                    closed=True,
+                )
+        return "".join(text)

@@ -19,7 +19,7 @@ from ._openai import headers
 from ._tools import responses_input, responses_tools
 from ._wire import HttpRequest, PartialCall, StreamDecoder, count, text_or_none
 
-__all__ = ["ResponsesDecoder", "build_request", "replay_request"]
+__all__ = ["ResponsesDecoder", "build_request", "custom_tool_names", "replay_request"]
 
 
 def build_request(
@@ -58,10 +58,21 @@ def replay_request(
     return HttpRequest(url=url, headers=headers(api_key, extra_headers), body={}, method="GET")
 
 
+def custom_tool_names(body: dict[str, Any]) -> frozenset[str]:
+    """The custom tools (``{"type": "custom", "name": …}``) a request declares."""
+    given = body.get("tools")
+    tools: list[Any] = given if isinstance(given, list) else []
+    return frozenset(
+        str(t["name"])
+        for t in tools
+        if isinstance(t, dict) and t.get("type") == "custom" and "name" in t
+    )
+
+
 class ResponsesDecoder(StreamDecoder):
     """Responses API events -> text; see :class:`~streamres._wire.StreamDecoder`."""
 
-    __slots__ = ("background", "response_failed", "response_id", "sequence")
+    __slots__ = ("background", "custom_tools", "response_failed", "response_id", "sequence")
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,6 +80,8 @@ class ResponsesDecoder(StreamDecoder):
         self.background = False
         #: ``response.failed`` arrived: the stored response is dead, never re-attached to.
         self.response_failed = False
+        #: Names of the custom (free-text input) tools the request declared.
+        self.custom_tools: frozenset[str] = frozenset()
         #: The last sequence_number seen: where a replay starts after.
         self.sequence: int | None = None
 
@@ -92,7 +105,13 @@ class ResponsesDecoder(StreamDecoder):
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             self.side.append(("thinking", text_or_none(event.get("delta")) or ""))
             return ""
-        if kind.startswith(("response.output_item.", "response.function_call_arguments.")):
+        if kind.startswith(
+            (
+                "response.output_item.",
+                "response.function_call_arguments.",
+                "response.custom_tool_call_input.",
+            )
+        ):
             self._function_call(kind, event)
             return ""
         response = event.get("response") or {}
@@ -122,19 +141,31 @@ class ResponsesDecoder(StreamDecoder):
         """Function calls: an output item each, arguments streamed, whole at ``.done``."""
         index = event.get("output_index", 0)
         item = event.get("item") or {}
-        if kind == "response.output_item.added" and item.get("type") == "function_call":
+        custom = item.get("type") == "custom_tool_call" and item.get("name") in self.custom_tools
+        if kind == "response.output_item.added" and (item.get("type") == "function_call" or custom):
+            # A custom tool counts only when the request declared it: xAI reports the tools it
+            # runs itself (x_keyword_search…) as custom_tool_call items too.
             call = PartialCall(
-                id=str(item.get("call_id", "")), name=str(item.get("name", "")), requires_close=True
+                id=str(item.get("call_id", "")),
+                name=str(item.get("name", "")),
+                requires_close=True,
+                custom=custom,
             )
-            if item.get("arguments"):
-                call.arguments.append(str(item["arguments"]))
+            given = item.get("input") if custom else item.get("arguments")
+            if given:
+                call.arguments.append(str(given))
             self.calls[index] = call
         elif index in self.calls:
             call = self.calls[index]
-            if kind == "response.function_call_arguments.delta":
+            if kind in (
+                "response.function_call_arguments.delta",
+                "response.custom_tool_call_input.delta",
+            ):
                 self.generating = True
                 call.arguments.append(text_or_none(event.get("delta")) or "")
             elif kind == "response.function_call_arguments.done":
                 call.arguments = [text_or_none(event.get("arguments")) or ""]
+            elif kind == "response.custom_tool_call_input.done":
+                call.arguments = [text_or_none(event.get("input")) or ""]
             elif kind == "response.output_item.done":
                 call.closed = True

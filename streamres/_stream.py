@@ -717,6 +717,8 @@ async def _run(
                     return
                 _, decoder_cls = _PROVIDERS[route.provider]
                 decoder = decoder_cls()
+                if isinstance(decoder, _responses.ResponsesDecoder):
+                    decoder.custom_tools = _responses.custom_tool_names(opts.extra_body)
                 sse = SSEDecoder(max_line=opts.read_limits.line, max_event=opts.read_limits.event)
                 started = now()
                 ans.stall.start(started)

@@ -88,6 +88,8 @@ class PartialCall:
     #: Anthropic closes each block (content_block_stop); a call not closed is not whole.
     requires_close: bool = False
     closed: bool = False
+    #: A Responses API custom tool: its input is free text, passed on as a JSON string.
+    custom: bool = False
 
     def complete_without_close(self) -> ToolCall | None:
         """As :meth:`complete`, but the arguments must be there and parse (no finish reason
@@ -102,6 +104,8 @@ class PartialCall:
         text = "".join(self.arguments)
         if not (self.id and self.name) or (self.requires_close and not self.closed):
             return None
+        if self.custom:
+            return ToolCall(id=self.id, name=self.name, arguments=json.dumps(text))
         if not text.strip():
             # The turn ended (a finish reason) and the call was whole: a tool without
             # parameters (Anthropic sends one empty input_json_delta; some servers leave

@@ -31,29 +31,27 @@ PROVIDER = {"chat": "openai", "anthropic": "anthropic", "responses": "openai-res
 
 #: Recordings streamres does not yet read as the SDK does, each with what differs. Every entry
 #: is an open difference (see the README's table of providers), not a deliberate choice.
-_PTC = "programmatic tool calling (beta): a message_start that carries its content whole and no message_delta; not read yet"
-_DELTAS = "the deltas streamed differ from the final response's text (the fixture was edited, or phases); streamres yields the deltas"
+_DELTAS = "the deltas streamed differ from the final response's text (an edited fixture, or phases): streamres yields the deltas, as they streamed"
+_SPLICED = (
+    "a deliberately spliced stream (two generations in one): read as cut short, never as an answer"
+)
+_BROKEN = "arguments that never parse are a broken call, asked again, never passed on (the SDK hands the raw text on)"
 KNOWN: dict[str, str] = {
-    "vercel-ai/anthropic/anthropic-anthropic-message-start-prepopulated-content.sse": _PTC,
-    **{
-        f"vercel-ai/anthropic/anthropic-anthropic-programmatic-tool-calling.1-response{n}.sse": _PTC
-        for n in range(2, 15)
-    },
-    "vercel-ai/anthropic/anthropic-issue-18331-spliced-generations-response1.sse": "a deliberately spliced stream (two generations in one): read as cut short",
-    "vercel-ai/anthropic/anthropic-issue-18331-spliced-message-start-response1.sse": "a deliberately spliced stream (two generations in one): read as cut short",
     "vercel-ai/openai-compatible/chat-issue-13703-mistral-thinking.sse": "Mistral thinking parts: one text piece is read as answer text that the SDK drops",
+    "vercel-ai/openai/responses-issue-18970-programmatic-approval.1.sse": "a function call awaiting approval is reported as a call; the SDK's final output has none",
+    "vercel-ai/openai/responses-issue-19067-parallel-tool-call-wrapper.sse": "OpenAI's internal multi_tool_use.parallel wrapper is passed on as one call named 'parallel', not unwrapped",
+}
+#: Differences kept on purpose (the README says why).
+DELIBERATE: dict[str, str] = {
+    "vercel-ai/siliconflow/chat-siliconflow-tool-call.sse": _BROKEN,
+    "anthropic-sdk-python/anthropic-incomplete_partial_json_response.sse": _BROKEN,
+    "vercel-ai/anthropic/anthropic-issue-18331-spliced-generations-response1.sse": _SPLICED,
+    "vercel-ai/anthropic/anthropic-issue-18331-spliced-message-start-response1.sse": _SPLICED,
     "vercel-ai/openai/responses-azure-gpt5-reasoning-multi-summary-no-encryption.sse": _DELTAS,
     "vercel-ai/openai/responses-azure-gpt5-reasoning-multi-summary-with-encryption.sse": _DELTAS,
     "vercel-ai/openai/responses-openai-phase.1.sse": _DELTAS,
     "vercel-ai/openai/responses-openai-shell-container.1.sse": _DELTAS,
     "vercel-ai/openai/responses-openai-shell-tool.1.sse": _DELTAS,
-    "vercel-ai/openai/responses-issue-18970-programmatic-approval.1.sse": "a function call awaiting approval is reported as a call; the SDK's final output has none",
-    "anthropic-sdk-python/anthropic-incomplete_partial_json_response.sse": "a tool_use block whose JSON never completes, closed, then end_turn: read as a broken call",
-    "vercel-ai/openai/responses-issue-19067-parallel-tool-call-wrapper.sse": "OpenAI's internal multi_tool_use.parallel wrapper is passed on as one call named 'parallel', not unwrapped",
-}
-#: Differences kept on purpose (the README says why).
-DELIBERATE: dict[str, str] = {
-    "vercel-ai/siliconflow/chat-siliconflow-tool-call.sse": "arguments that never parse are a broken call, never a call (the SDK hands the raw text on)",
 }
 
 

@@ -362,3 +362,35 @@ def test_incomplete_tool_call_at_finish_is_a_failure() -> None:
     failure = dec.end_failure()
     assert failure is not None and failure.kind == "malformed"
     assert not dec.side
+
+
+def test_a_declared_responses_custom_tool_call_is_delivered() -> None:
+    """A custom tool the request declared: its free-text input arrives as the call's
+    arguments, a JSON string. One the server ran itself (not declared) is no call."""
+    from streamres import _responses
+
+    def events(name: str) -> list[dict[str, object]]:
+        return [
+            {"type": "response.created", "response": {"id": "r"}},
+            {"type": "response.output_item.added", "output_index": 0,
+             "item": {"type": "custom_tool_call", "call_id": "c1", "name": name, "input": ""}},
+            {"type": "response.custom_tool_call_input.delta", "output_index": 0, "delta": "print("},
+            {"type": "response.custom_tool_call_input.delta", "output_index": 0, "delta": "'hi')"},
+            {"type": "response.custom_tool_call_input.done", "output_index": 0, "input": "print('hi')"},
+            {"type": "response.output_item.done", "output_index": 0, "item": {"type": "custom_tool_call"}},
+            {"type": "response.completed", "response": {"id": "r", "status": "completed"}},
+        ]  # fmt: skip
+
+    declared = _responses.custom_tool_names({"tools": [{"type": "custom", "name": "code_exec"}]})
+    dec = _responses.ResponsesDecoder()
+    dec.custom_tools = declared
+    for e in events("code_exec"):
+        dec.feed(str(e["type"]), json.dumps(e).encode())
+    ((_, calls),) = dec.side
+    assert dec.finish_reason == "tool_calls"
+    assert (calls[0].name, json.loads(calls[0].arguments)) == ("code_exec", "print('hi')")
+    server = _responses.ResponsesDecoder()
+    server.custom_tools = declared
+    for e in events("x_keyword_search"):
+        server.feed(str(e["type"]), json.dumps(e).encode())
+    assert server.side == [] and server.finish_reason == "stop"
