@@ -148,20 +148,23 @@ class SSEDecoder:
     def _lines(self, lines: list[bytes]) -> list[SSEEvent]:
         out: list[SSEEvent] = []
         data = self._data
+        size = self._data_len  # kept in locals: this loop runs once per line of the stream
+        max_line, max_event = self.max_line, self.max_event
         for line in lines:
             if not line:
                 if data:
                     out.append((self._name, data[0] if len(data) == 1 else b"\n".join(data)))
                     data = self._data = []
-                    self._data_len = 0
+                    size = 0
                 self._name = ""
                 continue
-            if len(line) > self.max_line:
-                self._stop(f"an event-stream line longer than {self.max_line} bytes")
+            if len(line) > max_line:
+                self._stop(f"an event-stream line longer than {max_line} bytes")
                 return out
             if line.startswith(b"data:"):
                 value = line[5:]
-                value = value[1:] if value[:1] == b" " else value
+                if value[:1] == b" ":
+                    value = value[1:]
             elif line[0] == 58:  # b":" comment
                 self.comments += 1
                 continue
@@ -178,8 +181,9 @@ class SSEDecoder:
                     continue
                 value = b""  # "data" with no colon: an empty data line
             data.append(value)
-            self._data_len += len(value) + 1
-            if self._data_len > self.max_event:
-                self._stop(f"an event's data longer than {self.max_event} bytes")
+            size += len(value) + 1
+            if size > max_event:
+                self._stop(f"an event's data longer than {max_event} bytes")
                 return out
+        self._data_len = size
         return out

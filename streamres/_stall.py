@@ -39,11 +39,16 @@ class StallTimer:
     _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=16))
     _since: float = 0.0
     _outputs: int = 0
+    _limit: float = 0.0  # limit() as of the last change: read once per network read
+
+    def __post_init__(self) -> None:
+        self._limit = self._compute()
 
     def start(self, now: float) -> None:
         """A new attempt begins (the pace learnt so far is kept)."""
         self._since = now
         self._outputs = 0
+        self._limit = self._compute()
 
     def output(self, now: float) -> None:
         """Output arrived."""
@@ -51,9 +56,17 @@ class StallTimer:
             self._gaps.append(now - self._since)
         self._outputs += 1
         self._since = now
+        self._limit = self._compute()
 
     def limit(self) -> float:
         """Seconds of silence allowed from the last output (or the attempt's start)."""
+        return self._limit
+
+    def deadline(self) -> float:
+        """When the stream counts as stalled unless output comes first."""
+        return self._since + self._limit
+
+    def _compute(self) -> float:
         if self.fixed is not None:
             return self.fixed
         if not self._outputs:
@@ -61,7 +74,3 @@ class StallTimer:
         if len(self._gaps) < _KNOWN_PACE:
             return self.cap
         return min(self.cap, max(self.floor, self.factor * max(self._gaps)))
-
-    def deadline(self) -> float:
-        """When the stream counts as stalled unless output comes first."""
-        return self._since + self.limit()
