@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import socket
 import ssl
 import time
@@ -95,6 +96,8 @@ _LOG_EVENT = {
 
 # (base_url, model) pairs whose server refused an assistant prefill: instruct from now on.
 _prefill_refused: set[tuple[str, str]] = set()
+# Extra request headers whose values are credentials (masked like the API key).
+_SECRET_HEADER = re.compile(r"(?i)authorization|api[-_]?key|token|secret|cookie|signature")
 # Base URLs that have answered (any HTTP response) in this process: they get the patient policy.
 _reached: set[str | None] = set()
 
@@ -266,7 +269,7 @@ class _Answer:
         self.start = anyio.current_time()
         self.t_end = self.start + opts.deadline
         self.stall = StallTimer(fixed=opts.stall_timeout, first=opts.first_token_timeout)
-        secrets: list[str | None] = list(opts.headers.values())
+        secrets: list[str | None] = [v for k, v in opts.headers.items() if _SECRET_HEADER.search(k)]
         for i in opts.chain:
             r = self.fleet.routes[i]
             secrets += [r.api_key, *url_secrets(r.base_url or "")]
@@ -542,9 +545,7 @@ async def _send(
     with anyio.CancelScope(deadline=t_end) as scope:
 
         async def trace(name: str, info: Mapping[str, Any]) -> None:
-            if not served and name.endswith(
-                ("connect_tcp.started", "send_request_headers.started")
-            ):
+            if not served and name.endswith(_SERVED):
                 served.append(anyio.current_time())
             if name.endswith("send_request_headers.started"):
                 scope.deadline = min(t_end, anyio.current_time() + stall)
@@ -556,11 +557,8 @@ async def _send(
             failed = _transport_failure(exc, str(request.url))
             return None, failed, (served[0] if served else started) - started
         except httpx.HTTPError as exc:
-            return (
-                None,
-                failure("connection", f"the request failed ({exc or type(exc).__name__})"),
-                0.0,
-            )
+            why = str(exc) or type(exc).__name__
+            return None, failure("connection", f"the request failed ({why})"), 0.0
     t = anyio.current_time()
     queued = (served[0] if served else t) - started
     if response is not None:
