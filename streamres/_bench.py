@@ -431,8 +431,21 @@ async def _probe(url: str) -> dict[str, Any]:
     return {
         "outcome": outcome,
         "seconds": round(time.perf_counter() - started, 3),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": round(_peak_rss_kib() / 1024, 1),
     }
+
+
+def _peak_rss_kib() -> float:
+    """This process's peak RSS. On Linux from VmHWM: ``ru_maxrss`` survives fork and exec, so
+    a child started by a big parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def _hostile() -> list[dict[str, Any]]:
