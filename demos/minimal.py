@@ -22,10 +22,12 @@ async def main() -> None:
             match ev.type:
                 case "text":
                     print(ev.text, end="", flush=True)
+                case "thinking" | "tool_call":
+                    pass  # reasoning and tool calls, when a model sends them
                 case "done":
-                    print(f"\n[{ev.finish_reason}, {ev.attempts} attempts, {ev.resumes} resumes]")
+                    print(f"\n[{ev.finish_reason}, attempts: {ev.attempts}, resumes: {ev.resumes}]")
                 case _:
-                    print(f"\n[{ev.message}]")
+                    print(f"\n[{ev.message}]")  # retry / resume / fallback
 
 
 if __name__ == "__main__":

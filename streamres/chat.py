@@ -64,7 +64,7 @@ _TEXT = {
         "fallback": "Many people are using {a} right now — switching you to {b}",
         "interrupted": "[interrupted — the partial answer is kept]",
         "failed": "[failed: {error}]",
-        "summary": "↻ recovered in {seconds:.1f} s: {attempts} attempts, {resumes} resumes, "
+        "summary": "↻ recovered in {seconds:.1f} s: {attempts} attempts, resumed {resumes}×, "
         "{dedup} repeated tokens removed, answered by {model}",
         "welcome": "streamres chat — answers keep streaming through capacity errors. "
         "Type /help for commands, Ctrl-D to leave.",
@@ -314,6 +314,8 @@ class Session:
                             if ev.type == "text":
                                 got += ev.text
                                 self.screen.text(ev.text)
+                            elif ev.type in ("thinking", "tool_call"):
+                                continue  # reasoning streams from some models unasked: not shown
                             elif ev.type == "done":
                                 self.screen.end_answer()
                                 ok = True
