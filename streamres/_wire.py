@@ -118,6 +118,33 @@ class PartialCall:
         return ToolCall(id=self.id, name=self.name, arguments=text)
 
 
+_PARALLEL = ("multi_tool_use.parallel", "parallel")
+
+
+def _unwrap(call: ToolCall) -> tuple[ToolCall, ...]:
+    """OpenAI models sometimes emit their internal ``multi_tool_use.parallel`` wrapper as a
+    call: ``{"tool_uses": [{"recipient_name": "functions.x", "parameters": {…}}, …]}``. The
+    application declared ``x``, not the wrapper: the calls inside are what it must run."""
+    if call.name not in _PARALLEL:
+        return (call,)
+    try:
+        uses = json.loads(call.arguments).get("tool_uses")
+    except (ValueError, AttributeError):
+        return (call,)
+    if not isinstance(uses, list) or not all(
+        isinstance(u, dict) and isinstance(u.get("recipient_name"), str) for u in uses
+    ):
+        return (call,)
+    return tuple(
+        ToolCall(
+            id=f"{call.id}_{i}",
+            name=u["recipient_name"].removeprefix("functions."),
+            arguments=json.dumps(u.get("parameters") or {}),
+        )
+        for i, u in enumerate(uses)
+    )
+
+
 class StreamDecoder:
     """Base for the per-provider decoders (see ``_openai`` and ``_anthropic``).
 
@@ -180,7 +207,8 @@ class StreamDecoder:
             # The token budget ran out inside a call: the server said so. The answer ends
             # there (finish "length"), with no call: never a resume into the middle of JSON.
             return
-        if len(calls) != len(done):
+        calls = tuple(c for call in calls for c in _unwrap(call))
+        if len(calls) < len(done):
             self.finish_reason = None  # the turn is not complete
             self.error = failure(
                 "malformed", "a tool call's arguments did not arrive whole; asking again"

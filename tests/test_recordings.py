@@ -36,11 +36,7 @@ _SPLICED = (
     "a deliberately spliced stream (two generations in one): read as cut short, never as an answer"
 )
 _BROKEN = "arguments that never parse are a broken call, asked again, never passed on (the SDK hands the raw text on)"
-KNOWN: dict[str, str] = {
-    "vercel-ai/openai-compatible/chat-issue-13703-mistral-thinking.sse": "Mistral thinking parts: one text piece is read as answer text that the SDK drops",
-    "vercel-ai/openai/responses-issue-18970-programmatic-approval.1.sse": "a function call awaiting approval is reported as a call; the SDK's final output has none",
-    "vercel-ai/openai/responses-issue-19067-parallel-tool-call-wrapper.sse": "OpenAI's internal multi_tool_use.parallel wrapper is passed on as one call named 'parallel', not unwrapped",
-}
+KNOWN: dict[str, str] = {}
 #: Differences kept on purpose (the README says why).
 DELIBERATE: dict[str, str] = {
     "vercel-ai/siliconflow/chat-siliconflow-tool-call.sse": _BROKEN,
@@ -52,6 +48,9 @@ DELIBERATE: dict[str, str] = {
     "vercel-ai/openai/responses-openai-phase.1.sse": _DELTAS,
     "vercel-ai/openai/responses-openai-shell-container.1.sse": _DELTAS,
     "vercel-ai/openai/responses-openai-shell-tool.1.sse": _DELTAS,
+    "vercel-ai/openai-compatible/chat-issue-13703-mistral-thinking.sse": "a text part inside list-shaped content is answer text: streamres gives 391 (17 × 23); the SDK drops the part and gives 91",
+    "vercel-ai/openai/responses-issue-18970-programmatic-approval.1.sse": "a function call made by a server-side program is the application's to run, so it is reported; the fixture's final response has no output list",
+    "vercel-ai/openai/responses-issue-19067-parallel-tool-call-wrapper.sse": "OpenAI's internal multi_tool_use.parallel wrapper is unwrapped into the calls it holds; the fixture's final response has no output list",
 }
 
 
@@ -147,3 +146,19 @@ def test_the_corpus_covers_the_apis_and_servers() -> None:
     assert len(SOURCES) >= 200 and apis == {"chat", "responses", "anthropic"}
     for rec in SOURCES:
         assert (RECORDINGS / rec["file"]).exists() and rec["commit"] and rec["path"]
+
+
+async def test_a_text_part_in_list_content_is_answer_text() -> None:
+    """Mistral's list-shaped content: its text part is kept (17 × 23 = 391, not 91)."""
+    rec = "vercel-ai/openai-compatible/chat-issue-13703-mistral-thinking.sse"
+    body = (RECORDINGS / rec).read_bytes()
+    got, outcome = await replay(body, "chat", _events(body))
+    assert isinstance(outcome, streamres.DoneEvent) and got.text.endswith("391")
+
+
+async def test_the_parallel_wrapper_recording_gives_the_calls_inside() -> None:
+    """The recorded multi_tool_use.parallel wrapper arrives as its two calls."""
+    rec = "vercel-ai/openai/responses-issue-19067-parallel-tool-call-wrapper.sse"
+    body = (RECORDINGS / rec).read_bytes()
+    got, _ = await replay(body, "responses", _events(body))
+    assert [name for name, _ in got.tool_calls] == ["weather", "cityAttractions"]

@@ -394,3 +394,24 @@ def test_a_declared_responses_custom_tool_call_is_delivered() -> None:
     for e in events("x_keyword_search"):
         server.feed(str(e["type"]), json.dumps(e).encode())
     assert server.side == [] and server.finish_reason == "stop"
+
+
+def test_the_internal_parallel_wrapper_is_unwrapped() -> None:
+    """A multi_tool_use.parallel call holding two calls: the two calls, with their own ids."""
+    from streamres._wire import PartialCall
+
+    dec = _openai.OpenAIDecoder()
+    args = {"tool_uses": [
+        {"recipient_name": "functions.weather", "parameters": {"location": "San Francisco"}},
+        {"recipient_name": "functions.cityAttractions", "parameters": {"city": "Rome"}},
+    ]}  # fmt: skip
+    dec.calls[0] = PartialCall(
+        id="call_9", name="multi_tool_use.parallel", arguments=[json.dumps(args)]
+    )
+    dec.finish_reason = "tool_calls"
+    dec._finish_calls()
+    ((_, calls),) = dec.side
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in calls] == [
+        ("call_9_0", "weather", {"location": "San Francisco"}),
+        ("call_9_1", "cityAttractions", {"city": "Rome"}),
+    ]
