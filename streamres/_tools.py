@@ -23,7 +23,7 @@ is, and the other two shapes are read too (so tools written for Claude reach an 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -67,65 +67,70 @@ def _canonical_choice(choice: Any) -> Any:
     return choice
 
 
-def openai_tools(body: Mapping[str, Any]) -> dict[str, Any]:
-    """``tools`` / ``tool_choice`` for Chat Completions (read from any shape)."""
+def _convert(
+    body: Mapping[str, Any],
+    tool: Callable[[Mapping[str, Any]], Any],
+    named: Callable[[str], Any],
+    words: Mapping[str, Any],
+) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` of ``body`` in one provider's shape: ``tool`` renders a
+    function (OpenAI's ``function`` object), ``named`` a choice of one tool, ``words`` the
+    choices by word (``auto``, ``none``, ``required``)."""
     out: dict[str, Any] = {}
     if isinstance(body.get("tools"), Sequence):
-        out["tools"] = [canonical_tool(t) for t in body["tools"]]
+        tools = []
+        for t in body["tools"]:
+            c = canonical_tool(t)
+            fn = c.get("function") if isinstance(c, Mapping) else None
+            tools.append(tool(fn) if isinstance(fn, Mapping) else c)
+        out["tools"] = tools
     if "tool_choice" in body:
-        out["tool_choice"] = _canonical_choice(body["tool_choice"])
+        choice = _canonical_choice(body["tool_choice"])
+        if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+            out["tool_choice"] = named(str(choice["function"].get("name")))
+        else:
+            out["tool_choice"] = words.get(choice, choice) if isinstance(choice, str) else choice
     return out
+
+
+def openai_tools(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``tools`` / ``tool_choice`` for Chat Completions (read from any shape)."""
+    return _convert(
+        body,
+        lambda fn: {"type": "function", "function": dict(fn)},
+        lambda name: {"type": "function", "function": {"name": name}},
+        {},
+    )
+
+
+def _anthropic_tool(fn: Mapping[str, Any]) -> dict[str, Any]:
+    tool = {
+        "name": fn.get("name"),
+        "input_schema": fn.get("parameters") or {"type": "object", "properties": {}},
+    }
+    if fn.get("description"):
+        tool["description"] = fn["description"]
+    return tool
 
 
 def anthropic_tools(body: Mapping[str, Any]) -> dict[str, Any]:
     """``tools`` / ``tool_choice`` for the Messages API."""
-    out: dict[str, Any] = {}
-    if isinstance(body.get("tools"), Sequence):
-        tools = []
-        for t in body["tools"]:
-            c = canonical_tool(t)
-            fn = c.get("function") if isinstance(c, Mapping) else None
-            if isinstance(fn, Mapping):
-                tool = {
-                    "name": fn.get("name"),
-                    "input_schema": fn.get("parameters") or {"type": "object", "properties": {}},
-                }
-                if fn.get("description"):
-                    tool["description"] = fn["description"]
-                tools.append(tool)
-            else:
-                tools.append(c)
-        out["tools"] = tools
-    if "tool_choice" in body:
-        choice = _canonical_choice(body["tool_choice"])
-        if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
-            out["tool_choice"] = {"type": "tool", "name": choice["function"].get("name")}
-        elif choice == "required":
-            out["tool_choice"] = {"type": "any"}
-        elif choice in ("auto", "none"):
-            out["tool_choice"] = {"type": choice}
-        else:
-            out["tool_choice"] = choice
-    return out
+    return _convert(
+        body,
+        _anthropic_tool,
+        lambda name: {"type": "tool", "name": name},
+        {"required": {"type": "any"}, "auto": {"type": "auto"}, "none": {"type": "none"}},
+    )
 
 
 def responses_tools(body: Mapping[str, Any]) -> dict[str, Any]:
     """``tools`` / ``tool_choice`` for the Responses API (function tools are flat there)."""
-    out: dict[str, Any] = {}
-    if isinstance(body.get("tools"), Sequence):
-        tools = []
-        for t in body["tools"]:
-            c = canonical_tool(t)
-            fn = c.get("function") if isinstance(c, Mapping) else None
-            tools.append({"type": "function", **fn} if isinstance(fn, Mapping) else c)
-        out["tools"] = tools
-    if "tool_choice" in body:
-        choice = _canonical_choice(body["tool_choice"])
-        if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
-            out["tool_choice"] = {"type": "function", "name": choice["function"].get("name")}
-        else:
-            out["tool_choice"] = choice
-    return out
+    return _convert(
+        body,
+        lambda fn: {"type": "function", **fn},
+        lambda name: {"type": "function", "name": name},
+        {},
+    )
 
 
 def _arguments(text: Any) -> Any:

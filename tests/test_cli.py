@@ -15,13 +15,14 @@ from streamres.upstream import answer_for
 ENV = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_BASE_URL"))}
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "streamres", *args],
         capture_output=True,
         text=True,
         timeout=120,
         env=ENV,
+        input=stdin,
         check=False,
     )
 
@@ -53,18 +54,6 @@ def test_bad_fault_plan_is_explained(bad: str) -> None:
     assert got.returncode == 2
     assert "streamres:" in got.stderr
     assert "Traceback" not in got.stderr
-
-
-def run_input(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "streamres", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=ENV,
-        input=stdin,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize("command", ["ask", "serve"])
@@ -111,7 +100,7 @@ def test_ask_reads_a_long_question_from_stdin_and_from_a_file(tmp_path: Path) ->
     """`ask -` reads standard input; `ask --file` a file: the same answer as the argument."""
     question = "Explain TCP slow start. " * 200
     expected = answer_for([{"role": "user", "content": question}], words=120)
-    piped = run_input("ask", "-", "--faults", "none", "--token-delay", "0", stdin=question)
+    piped = run("ask", "-", "--faults", "none", "--token-delay", "0", stdin=question)
     path = tmp_path / "q.txt"
     path.write_text(question, encoding="utf-8")
     filed = run("ask", "--file", str(path), "--faults", "none", "--token-delay", "0")
