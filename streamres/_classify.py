@@ -192,6 +192,16 @@ def _error_of_body(body: str) -> Any:
 _NOT_AN_API = frozenset({404, 405, 501})
 
 
+def _has_error_key(body: str) -> bool:
+    """Is the body a JSON object with an ``error`` (how every LLM API, Ollama's included,
+    reports one)?"""
+    try:
+        parsed = json.loads(body) if body.lstrip().startswith("{") else None
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(parsed, Mapping) and "error" in parsed
+
+
 def _is_html(headers: Mapping[str, str]) -> bool:
     return _media_type(headers) in ("text/html", "application/xhtml+xml")
 
@@ -217,7 +227,8 @@ def classify_response(
             kind = "capacity"
         else:
             kind = _by_status(status)
-    if url and not names and (status in _NOT_AN_API or (status < 500 and _is_html(headers))):
+    no_api = not names and not _has_error_key(body)
+    if url and no_api and (status in _NOT_AN_API or (status < 500 and _is_html(headers))):
         # No error object of any LLM API: a web server, a proxy, a wrong path.
         kind = "permanent"
         shown = f" ({message[:120]})" if message and not _is_html(headers) else ""

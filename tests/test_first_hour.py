@@ -272,3 +272,12 @@ async def test_attempts_is_a_count_and_history_the_list_everywhere() -> None:
         )
     assert err.attempts == 2 == len(err.history)
     assert [a.outcome for a in err.history] == ["capacity", "permanent"]
+
+
+async def test_an_ollama_style_404_keeps_its_own_words() -> None:
+    """{"error": "model 'x' not found"} is an API's answer (Ollama's shape), not a wrong URL."""
+    body = b'{"error":"model \'llama9\' not found, try pulling it first"}'
+    async with hostile([whole(404, body, "application/json")]) as srv:
+        err = await _error(streamres.stream_resilient(USER, model="llama9", base_url=srv.url))
+    assert isinstance(err, streamres.RequestRejected)
+    assert "not found, try pulling it first" in str(err) and "not what an LLM API" not in str(err)
