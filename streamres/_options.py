@@ -154,7 +154,7 @@ def check_more(more: Mapping[str, Any]) -> dict[str, Any]:
     if reserved:
         raise _bad(f"{sorted(reserved)} are set by streamres; use model=/max_tokens= instead")
     for key in more:
-        close = difflib.get_close_matches(key, KNOWN_ARGUMENTS, n=1, cutoff=0.8)
+        close = difflib.get_close_matches(key, KNOWN_ARGUMENTS, n=1, cutoff=0.85)
         if close:
             raise _bad(
                 f"unknown argument {key}=: did you mean {close[0]}=? (Other extra arguments go "
