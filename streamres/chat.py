@@ -81,7 +81,7 @@ _TEXT = {
         "saved": "saved {n} messages to {path}",
         "nothing": "nothing to retry yet",
         "unknown": "unknown command {cmd}; /help lists them",
-        "faults_now": "faults queued: {faults}",
+        "faults_now": "faults from the next answer: {faults}",
         "faults_real": "/faults only applies to the embedded upstream",
     },
     "zh": {
@@ -107,7 +107,7 @@ _TEXT = {
         "saved": "已将 {n} 条消息保存到 {path}",
         "nothing": "还没有可以重试的回答",
         "unknown": "未知命令 {cmd}；/help 列出所有命令",
-        "faults_now": "已追加故障：{faults}",
+        "faults_now": "从下一个回答起的故障：{faults}",
         "faults_real": "/faults 只适用于内置上游",
     },
 }
@@ -290,6 +290,8 @@ class Session:
     deadline: float = 120.0
     stall_timeout: float | None = None
     fault_label: str = ""
+    #: Seed of the embedded upstream's storm (``/faults storm`` starts it again).
+    seed: int = 7
 
     def words(self, key: str, **kw: Any) -> str:
         return _TEXT[self.lang][key].format(**kw)
@@ -369,13 +371,17 @@ class Session:
                 self.screen.note(self.words("faults_real"))
             elif arg:
                 try:
-                    for spec in self.upstream.models.values():
-                        if spec.faults is not None:
-                            spec.faults.push(PRESETS.get(arg, arg))
+                    first, second, label = _embedded_faults(arg, self.seed)
                 except ValueError as exc:
                     self.screen.note(str(exc))
                 else:
-                    self.screen.note(self.words("faults_now", faults=arg))
+                    # From the next answer on, the models do what the new plan says (and only
+                    # that: the storm that was running stops).
+                    names = [r.model for r in self.client.routes]
+                    for name, plan in zip(names, (first, second), strict=False):
+                        self.upstream.models.setdefault(name, ModelSpec()).faults = plan
+                    self.fault_label = label
+                    self.screen.note(self.words("faults_now", faults=label))
             else:
                 self.screen.note(self.fault_label)
         elif cmd == "/save":
@@ -541,18 +547,25 @@ async def _client(
             yield client, None, ", ".join(r.model for r in client.routes)
         return
     large, small, label = _embedded_faults(args.faults, args.seed)
-    models = {LARGE: ModelSpec(faults=large), SMALL: ModelSpec(faults=small)}
+    # --model names the embedded models too: the first is asked first, the next its fallback.
+    names = list(dict.fromkeys(args.model or [LARGE, SMALL]))
+    if len(names) == 1:
+        names.append(SMALL if names[0] != SMALL else LARGE)
+    models = {names[0]: ModelSpec(faults=large), names[1]: ModelSpec(faults=small)}
     async with Upstream(
         models=models, token_delay=args.token_delay, ping_interval=0.5, words=args.words
     ) as up:
         url = up.openai_url if provider == "openai" else up.anthropic_url
         routes = [
             streamres.Route(
-                LARGE, provider=provider, base_url=url, api_key="demo", family="demo", size=2
-            ),
-            streamres.Route(
-                SMALL, provider=provider, base_url=url, api_key="demo", family="demo", size=1
-            ),
+                name,
+                provider=provider,
+                base_url=url,
+                api_key="demo",
+                family="demo",
+                size=len(names) - i,
+            )
+            for i, name in enumerate(names)
         ]
         async with streamres.Client(
             routes,
@@ -580,6 +593,7 @@ async def run(args: argparse.Namespace) -> int:
             upstream,
             deadline=args.deadline,
             stall_timeout=args.stall_timeout,
+            seed=args.seed,
         )
         session.fault_label = label
         if args.once is not None:

@@ -187,3 +187,26 @@ def test_markdown_styler_ignores_chunking(cuts: list[int]) -> None:
     styler = MarkdownStyler()
     got = "".join(styler.feed(text[a:b]) for a, b in itertools.pairwise(bounds))
     assert got + styler.close() == expected
+
+
+def test_faults_none_gives_a_clean_answer_from_the_next_one() -> None:
+    """/faults none during the default storm: the next answer comes with no recovery at all."""
+    chat = Chat("--token-delay", "0")
+    chat.child.sendline("/faults none")
+    chat.child.expect_exact("faults from the next answer: none")
+    chat.child.expect_exact("you> ")
+    before = len(chat.raw.getvalue())
+    chat.child.sendline(Q)
+    chat.child.expect_exact("you> ")
+    after = chat.raw.getvalue()[before:]
+    assert "⟳" not in after and "recovered" not in after
+    assert shown(chat.screen(), answer())
+    chat.close()
+
+
+def test_model_names_the_embedded_model_asked_first() -> None:
+    """--model with the embedded upstream: that model answers (no faults on it here)."""
+    got = run_once("--once", Q, "--model", "demo-small", "--faults", "none", "--token-delay", "0")
+    assert got.returncode == 0, got.stderr
+    models = run_once("--once", Q, "--model", "my-model", "--faults", "529", "--token-delay", "0")
+    assert models.returncode == 0 and "my-model" in models.stderr
