@@ -177,29 +177,28 @@ def _by_status(status: int) -> FailureKind:
     return "permanent"
 
 
-def _error_of_body(body: str) -> Any:
+def _parse_body(body: str) -> Any:
+    """The body as JSON when it is a JSON object, else ``None``."""
     try:
-        parsed = json.loads(body) if body.lstrip().startswith("{") else None
+        return json.loads(body) if body.lstrip().startswith("{") else None
     except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
-        parsed = None
+        return None
+
+
+def _error_of(parsed: Any, body: str) -> Any:
+    """The error object of a parsed body (or the body's text as its message)."""
     if isinstance(parsed, Mapping):
         error = parsed.get("error", parsed)
         return {"message": error} if isinstance(error, str) else error
     return {"message": body.strip()[:500]}
 
 
+def _error_of_body(body: str) -> Any:
+    return _error_of(_parse_body(body), body)
+
+
 #: Statuses that mean "no such endpoint here" when no API error object comes with them.
 _NOT_AN_API = frozenset({404, 405, 501})
-
-
-def _has_error_key(body: str) -> bool:
-    """Is the body a JSON object with an ``error`` (how every LLM API, Ollama's included,
-    reports one)?"""
-    try:
-        parsed = json.loads(body) if body.lstrip().startswith("{") else None
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(parsed, Mapping) and "error" in parsed
 
 
 def _is_html(headers: Mapping[str, str]) -> bool:
@@ -218,7 +217,8 @@ def classify_response(
     a 404/405/501 (or an HTML 4xx page) without an LLM API's error object is read as a URL that
     does not lead to an LLM API, and said so.
     """
-    message, error_type, names = _describe(_error_of_body(body))
+    parsed = _parse_body(body)
+    message, error_type, names = _describe(_error_of(parsed, body))
     kind = _by_message(message)
     if kind is None:
         if names & {"insufficient_quota", "billing_error"}:
@@ -227,7 +227,8 @@ def classify_response(
             kind = "capacity"
         else:
             kind = _by_status(status)
-    no_api = not names and not _has_error_key(body)
+    # Every LLM API, Ollama's included, reports an error under an "error" key.
+    no_api = not names and not (isinstance(parsed, Mapping) and "error" in parsed)
     if url and no_api and (status in _NOT_AN_API or (status < 500 and _is_html(headers))):
         # No error object of any LLM API: a web server, a proxy, a wrong path.
         kind = "permanent"

@@ -29,12 +29,25 @@ from typing import Literal
 from ._backoff import Backoff
 from ._classify import Failure
 
-__all__ = ["CONNECT_BACKOFF", "CONNECT_TRIES", "Decision", "decide", "reinterpret"]
+__all__ = [
+    "CONNECT_BACKOFF",
+    "CONNECT_TRIES",
+    "Decision",
+    "connect_timeout",
+    "decide",
+    "reinterpret",
+]
 
 #: Tries for a URL that has never answered before it counts as unreachable.
 CONNECT_TRIES = 3
 #: Waits between those tries (ceilings 0.25, 0.5, 1 s).
 CONNECT_BACKOFF = Backoff(initial=0.25, multiplier=2.0, maximum=1.0)
+
+
+def connect_timeout(reached: bool) -> float:
+    """Seconds a connect may take: short for a URL that never answered (rule 4), patient for
+    one that did."""
+    return 10.0 if reached else 3.0
 
 
 @dataclass(frozen=True, slots=True)

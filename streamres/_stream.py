@@ -66,7 +66,7 @@ from ._inflate import ACCEPT_ENCODING, InflateError, Inflater
 from ._limits import Limits
 from ._log import log
 from ._options import Options, check_options, resolve_route
-from ._policy import decide, reinterpret
+from ._policy import connect_timeout, decide, reinterpret
 from ._redact import Redactor, redact_url, url_secrets
 from ._routes import Route
 from ._sse import SSEDecoder
@@ -733,15 +733,13 @@ async def _run(
                     url=redact_url(req.url),
                 )
                 reached = route.base_url in _reached
-                # A URL that never answered gets a short connect timeout (rule 4 of the policy).
-                connect_timeout = 10.0 if reached else 3.0
                 try:
                     request = client.build_request(
                         req.method,
                         req.url,
                         headers={"accept-encoding": ACCEPT_ENCODING, **req.headers},
                         json=req.body if req.method == "POST" else None,
-                        timeout=httpx.Timeout(None, connect=connect_timeout),
+                        timeout=httpx.Timeout(None, connect=connect_timeout(reached)),
                     )
                 except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
                     raise ans.error(
@@ -835,6 +833,11 @@ async def _run(
                                         f"an event of an unexpected shape from the server "
                                         f"({type(exc).__name__}: {str(exc)[:200]})",
                                     )
+                                ending = decoder.error is not None or decoder.terminal or eof
+                                if ending:
+                                    # Decided before the side channel is drained: whole tool
+                                    # calls may end a turn that had no finish reason.
+                                    fail = decoder.end_failure()
                                 calls: tuple[ToolCall, ...] = ()
                                 if decoder.side or decoder.generating:
                                     ans.stall.output(now())  # reasoning or arguments: working
@@ -869,17 +872,7 @@ async def _run(
                                     ans.tool_calls = calls
                                     for call in calls:
                                         yield ToolCallEvent(call.id, call.name, call.arguments)
-                                if decoder.error is not None or decoder.terminal or eof:
-                                    fail = decoder.end_failure()
-                                    # Whole tool calls that ended a turn with no finish reason.
-                                    for kind, value in decoder.side:
-                                        if kind == "tool_calls":
-                                            ans.tool_calls = value
-                                            for call in value:
-                                                yield ToolCallEvent(
-                                                    call.id, call.name, call.arguments
-                                                )
-                                    decoder.side.clear()
+                                if ending:
                                     if fail is None and not eof:
                                         # Complete: read the body's end after the done event
                                         # is out, so the connection can be reused.

@@ -19,15 +19,7 @@ from openai._streaming import SSEDecoder as OpenAISSE
 from openai.lib.streaming.chat._completions import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-_FINISH = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "tool_use": "tool_calls",
-    "pause_turn": "pause",
-    "refusal": "content_filter",
-    "model_context_window_exceeded": "length",
-}
+from streamres._wire import normalise_finish
 
 
 @dataclass
@@ -91,7 +83,9 @@ def anthropic(body: bytes) -> View:
         return view
     view.text = "".join(b.text for b in snapshot.content if b.type == "text")
     view.tool_calls = [(b.name, b.input) for b in snapshot.content if b.type == "tool_use"]
-    view.finish_reason = _FINISH.get(snapshot.stop_reason, snapshot.stop_reason)
+    # Anthropic's stop reasons in OpenAI's words, as streamres documents them.
+    reason = snapshot.stop_reason
+    view.finish_reason = normalise_finish(reason) if reason is not None else None
     view.input_tokens = snapshot.usage.input_tokens
     view.output_tokens = snapshot.usage.output_tokens
     return view
