@@ -9,6 +9,9 @@ Retry budget (no retry storms): a token bucket. Every first attempt deposits ``r
 (0.2: retries may add at most 20 % to the first attempts), a ``floor`` rate (1 token/s) keeps a
 quiet client able to retry at all, and the balance is capped at ``cap`` so a long calm period
 cannot bank a storm. A retry spends one token; with none left, it waits for the next one.
+Waiting is a queue: :meth:`RetryBudget.reserve` takes the next token even before it exists (the
+balance goes below zero) and says when it will be there, so each waiting retry sleeps once, in
+the order it asked, instead of every waiter waking to compete for each new token.
 """
 
 from __future__ import annotations
@@ -67,6 +70,21 @@ class RetryBudget:
         if self.floor <= 0:
             return float("inf")
         return (1.0 - self.balance) / self.floor
+
+    def reserve(self, now: float) -> float:
+        """Take the next token for a retry: seconds until it is there (0: now). The caller
+        waits that long, or :meth:`refund` s the token if it will not retry after all."""
+        self._refill(now)
+        self.balance -= 1.0
+        if self.balance >= 0.0:
+            return 0.0
+        if self.floor <= 0:
+            return float("inf")
+        return -self.balance / self.floor
+
+    def refund(self) -> None:
+        """Give back a token taken by :meth:`reserve` and not used."""
+        self.balance = min(self.cap, self.balance + 1.0)
 
     def withdraw(self, now: float) -> bool:
         """Spend a token for a retry; False when there is none."""

@@ -69,7 +69,7 @@ async def test_tls_to_a_plain_http_server_names_the_handshake(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """https:// to a server that speaks plain HTTP: unreachable, "TLS handshake failed"."""
-    monkeypatch.setattr(_stream, "_reached", set())
+    monkeypatch.setattr(_stream._MEMORY, "reached", set())
 
     async def plain_http(stream: anyio.abc.SocketStream) -> None:
         async with stream:  # answers the TLS hello as an HTTP server answers garbage
@@ -114,7 +114,7 @@ async def test_an_unreachable_model_falls_back_without_capacity_words(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A route whose server cannot be reached: the fallback says so, not "many people"."""
-    monkeypatch.setattr(_stream, "_reached", set())  # the port may have served another test
+    monkeypatch.setattr(_stream._MEMORY, "reached", set())  # the port may have served another test
     async with Upstream() as dead:
         dead_url = dead.openai_url
     async with Upstream() as up:

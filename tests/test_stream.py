@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import streamres
-from streamres import _stream
+from streamres import _machine, _stream
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 
 from .conftest import FAST, USER, collect, url_for
@@ -150,7 +150,7 @@ async def test_anthropic_prefill_strips_trailing_whitespace() -> None:
 
 async def test_prefill_refusal_switches_to_instruct_and_is_remembered() -> None:
     """A model that rejects prefill gets the instruct strategy, now and on later calls."""
-    _stream._prefill_refused.clear()
+    _stream._MEMORY.prefill_refused.clear()
     async with Upstream(faults="reset@20", prefill="reject") as up:
         text, _events, _ = await collect(stream(up, "anthropic"))
         assert text == up.answer(USER)
@@ -161,7 +161,7 @@ async def test_prefill_refusal_switches_to_instruct_and_is_remembered() -> None:
         text, _, _ = await collect(stream(up, "anthropic"))
         assert text == up.answer(USER)
         assert [r.status for r in up.requests[3:]] == [200, 200]  # no second 400
-    _stream._prefill_refused.clear()
+    _stream._MEMORY.prefill_refused.clear()
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
@@ -369,7 +369,7 @@ async def test_a_closed_port_fails_fast_naming_the_address_and_the_refusal(
 ) -> None:
     """A URL that never answered and refuses connections: a few quick tries, then
     UpstreamUnreachable naming the address and the cause — not the whole 120 s deadline."""
-    monkeypatch.setattr(_stream, "_reached", set())  # the port may have served another test
+    monkeypatch.setattr(_stream._MEMORY, "reached", set())  # the port may have served another test
     async with Upstream() as up:
         url = up.openai_url
     start = anyio.current_time()
@@ -415,13 +415,13 @@ async def test_anthropic_default_max_tokens_bounds_the_whole_answer(upstream: Up
 async def test_400_to_a_prefill_continuation_falls_back_to_instruct(upstream: Upstream) -> None:
     """The first request was accepted, so a 400 to the prefill continuation means the server
     refuses prefill: the answer goes on with the instruct strategy instead of failing."""
-    _stream._prefill_refused.clear()
+    _stream._MEMORY.prefill_refused.clear()
     upstream.faults.push("reset@20,400")
     text, _, _ = await collect(stream(upstream, continuation="prefill"))
     assert text == upstream.answer(USER)
     assert [r.status for r in upstream.requests] == [200, 400, 200]
     assert upstream.requests[2].body["messages"][-1]["content"] == streamres.CONTINUE_INSTRUCTION
-    _stream._prefill_refused.clear()
+    _stream._MEMORY.prefill_refused.clear()
 
 
 async def test_logs_never_reach_stdout_unconfigured(
@@ -453,7 +453,7 @@ async def test_a_held_head_released_between_slow_tokens_does_not_cut_the_stream(
     from functools import partial
 
     monkeypatch.setattr(
-        _stream, "Deduplicator", partial(_stream.Deduplicator, max_hold_seconds=0.05)
+        _machine, "Deduplicator", partial(_machine.Deduplicator, max_hold_seconds=0.05)
     )
     async with Upstream(faults="reset@8", token_delay=0.15, words=14, instruct="overlap") as up:
         text, events, done = await collect(
