@@ -124,7 +124,7 @@ async def _anthropic_sdk(client: httpx.AsyncClient, url: str, provider: str, wor
 
 
 def _hdr(words: int) -> dict[str, str]:
-    return {"x-upstream-words": str(words)}
+    return {"x-upstream-words": str(words), **_EXTRA}
 
 
 def _request(url: str, provider: str) -> tuple[str, dict[str, Any]]:
@@ -157,40 +157,84 @@ def _consumers(provider: str) -> dict[str, Consumer | None]:
     }
 
 
-async def _throughput(url: str, sizes: list[int], runs: int) -> list[dict[str, Any]]:
+#: How the upstream frames a stream. "large chunks": as fast as it can, in 32 KiB writes (a
+#: proxy's buffered relay). "one event per write": each token its own flushed TCP write 1 ms
+#: apart (Nagle off), so each read holds one event — how real servers deliver tokens.
+FRAMINGS: dict[str, dict[str, str]] = {
+    "large chunks": {},
+    "one event per write": {"x-upstream-delay": "0.001"},
+}
+
+
+async def _throughput(url: str, sizes: dict[str, list[int]], runs: int) -> list[dict[str, Any]]:
+    """CPU time of this (client) process per event, each consumer in turn on the same stream;
+    the ratio is to httpx-sse + json.loads measured in the same run."""
     rows: list[dict[str, Any]] = []
     async with httpx.AsyncClient(timeout=None) as client:
-        for provider in ("openai", "anthropic"):
-            for size in sizes:
-                words = _words_for(size)
-                events = len(split_tokens(answer_for(Q, words=words)))
-                consumers = _consumers(provider)
-                skipped = {n for n in consumers if n.endswith("SDK") and size > 50_000}
-                for name in skipped:
-                    consumers[name] = None
-                for fn in consumers.values():  # warm: server cache, imports, connections
-                    if fn is not None:
-                        await fn(client, url, provider, words)
-                times: dict[str, list[float]] = {name: [] for name in consumers}
-                for _ in range(runs):
-                    for name, fn in consumers.items():
-                        if fn is None:
-                            continue
-                        t = time.perf_counter()
-                        await fn(client, url, provider, words)
-                        times[name].append(time.perf_counter() - t)
-                base = statistics.median(times["httpx-sse + json.loads"] or [float("nan")])
-                for name, fn in consumers.items():
-                    row: dict[str, Any] = {"provider": provider, "events": events, "consumer": name}
-                    if name in skipped:
-                        row["note"] = "skipped at this size (minutes per run); see the 20k row"
-                    elif fn is None:
-                        row["note"] = "not installed (pip install 'streamres[bench]')"
-                    else:
-                        med = statistics.median(times[name])
-                        row.update(us_per_event=med / events * 1e6, ratio_to_httpx_sse=med / base)
-                    rows.append(row)
+        for framing, extra in FRAMINGS.items():
+            for provider in ("openai", "anthropic"):
+                for size in sizes[framing]:
+                    rows += await _throughput_one(client, url, framing, extra, provider, size, runs)
     return rows
+
+
+async def _throughput_one(
+    client: httpx.AsyncClient,
+    url: str,
+    framing: str,
+    extra: dict[str, str],
+    provider: str,
+    size: int,
+    runs: int,
+) -> list[dict[str, Any]]:
+    words = _words_for(size)
+    events = len(split_tokens(answer_for(Q, words=words)))
+    consumers = _consumers(provider)
+    skipped = {n for n in consumers if n.endswith("SDK") and size > 50_000}
+    for name in skipped:
+        consumers[name] = None
+    _EXTRA.clear()
+    _EXTRA.update(extra)
+    for fn in consumers.values():  # warm: server cache, imports, connections
+        if fn is not None:
+            await fn(client, url, provider, words)
+    cpu: dict[str, list[float]] = {name: [] for name in consumers}
+    wall: dict[str, list[float]] = {name: [] for name in consumers}
+    for _ in range(runs):
+        for name, fn in consumers.items():
+            if fn is None:
+                continue
+            t, c = time.perf_counter(), time.process_time()
+            await fn(client, url, provider, words)
+            cpu[name].append(time.process_time() - c)
+            wall[name].append(time.perf_counter() - t)
+    _EXTRA.clear()
+    base = statistics.median(cpu["httpx-sse + json.loads"] or [float("nan")])
+    rows = []
+    for name, fn in consumers.items():
+        row: dict[str, Any] = {
+            "framing": framing,
+            "provider": provider,
+            "events": events,
+            "consumer": name,
+        }
+        if name in skipped:
+            row["note"] = "skipped at this size (minutes per run); see the 20k row"
+        elif fn is None:
+            row["note"] = "not installed (pip install 'streamres[bench]')"
+        else:
+            med = statistics.median(cpu[name])
+            row.update(
+                cpu_us_per_event=med / events * 1e6,
+                ratio_to_httpx_sse=med / base,
+                wall_s=statistics.median(wall[name]),
+            )
+        rows.append(row)
+    return rows
+
+
+#: Extra request headers of the framing being measured.
+_EXTRA: dict[str, str] = {}
 
 
 async def _peak_memory(url: str, events: int) -> dict[str, float]:
@@ -435,6 +479,59 @@ async def _probe(url: str) -> dict[str, Any]:
     }
 
 
+async def _first(consumer: str, url: str) -> dict[str, Any]:
+    """One short answer in this fresh (child) process, modules already imported: its time and
+    the RSS it added (a token encoding loaded on the call's path shows here)."""
+    import httpx_sse  # noqa: F401  (imported before timing, like streamres)
+
+    rss = _rss_kib()
+    t = time.perf_counter()
+    _EXTRA["x-upstream-usage"] = "none"  # as the issue measured: no usage from the server
+    async with httpx.AsyncClient(timeout=None) as client:
+        if consumer == "streamres":
+            await _streamres(client, url, "openai", 40)
+        else:
+            await _httpx_sse(client, url, "openai", 40)
+    return {"ms": (time.perf_counter() - t) * 1e3, "rss_added_mib": (_rss_kib() - rss) / 1024}
+
+
+def _first_calls(url: str, runs: int) -> list[dict[str, Any]]:
+    """Each consumer's first call, each run in a new process."""
+    rows = []
+    for consumer in ("httpx-sse + json.loads", "streamres"):
+        got = []
+        for _ in range(runs):
+            out = subprocess.run(
+                [sys.executable, "-m", "streamres._bench", "--first", consumer, url],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows.append(
+            {
+                "consumer": consumer,
+                "ms": statistics.median(g["ms"] for g in got),
+                "rss_added_mib": statistics.median(g["rss_added_mib"] for g in got),
+            }
+        )
+    for row in rows:
+        row["ratio_to_httpx_sse"] = row["ms"] / rows[0]["ms"]
+    return rows
+
+
+def _rss_kib() -> float:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
 def _peak_rss_kib() -> float:
     """This process's peak RSS. On Linux from VmHWM: ``ru_maxrss`` survives fork and exec, so
     a child started by a big parent would report the parent's peak."""
@@ -483,7 +580,10 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 async def _all(args: argparse.Namespace) -> dict[str, Any]:
-    sizes = [2000] if args.quick else [20_000, 200_000]
+    sizes = {
+        "large chunks": [2000] if args.quick else [20_000, 200_000],
+        "one event per write": [300] if args.quick else [2000],
+    }
     runs = 1 if args.quick else args.runs
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {platform.python_implementation()} "
@@ -493,6 +593,8 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
         print("throughput…", file=sys.stderr)
         report["throughput"] = await _throughput(url, sizes, runs)
         report["peak_memory_kib"] = await _peak_memory(url, 2000 if args.quick else 20_000)
+        print("first call in a fresh process…", file=sys.stderr)
+        report["first_call"] = _first_calls(url, 1 if args.quick else 5)
     print("token ledger…", file=sys.stderr)
     report["ledger"] = _ledger([1000] if args.quick else [1000, 10_000, 100_000])
     print("recovery…", file=sys.stderr)
@@ -538,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dedup", action="store_true", help="only the de-duplication benchmark (seconds)"
     )
     p.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one answer in a child process
+    p.add_argument("--first", nargs=2, help=argparse.SUPPRESS)  # internal: a first call
     args = p.parse_args(argv)
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
@@ -545,18 +648,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         print(json.dumps(anyio.run(_probe, args.probe)))
         return 0
+    if args.first:
+        print(json.dumps(anyio.run(_first, *args.first)))
+        return 0
     if args.dedup:
         rows = _dedup_bench.run(60 if args.quick else 400)
         _print_dedup(rows)
         return 0 if all(r["wrongly_dropped_chars"] == 0 for r in rows) else 1
     report = anyio.run(_all, args)
-    print("\nThroughput (µs per SSE event, median; ratio to httpx-sse + json.loads)")
+    print("\nThroughput (client CPU µs per SSE event, median; ratio to httpx-sse + json.loads)")
     print(
         _table(
             report["throughput"],
-            ["provider", "events", "consumer", "us_per_event", "ratio_to_httpx_sse", "note"],
+            [
+                "framing",
+                "provider",
+                "events",
+                "consumer",
+                "cpu_us_per_event",
+                "ratio_to_httpx_sse",
+                "note",
+            ],
         )
     )
+    print("\nFirst call in a fresh process (imports excluded; median)")
+    print(_table(report["first_call"], ["consumer", "ms", "rss_added_mib", "ratio_to_httpx_sse"]))
     print(
         "\nPeak heap per stream (KiB):", {k: round(v) for k, v in report["peak_memory_kib"].items()}
     )

@@ -8,6 +8,7 @@ Status events all carry a one-line, human-readable ``.message`` a UI can show as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,27 +28,124 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
 class Usage:
     """Token usage, summed over every attempt of one answer — what a person can bill from.
 
     ``input_tokens`` is what the servers reported (``None`` when none did: unknown, not zero).
-    ``output_tokens`` adds, per attempt, what its server reported or, for an attempt that broke
-    before reporting (they never do), the ledger's count of what it generated; ``estimated`` is
-    true when any attempt's count is such an estimate, and then the total is never below
-    ``delivered_tokens``. ``delivered_tokens`` counts the final answer with the token ledger;
-    ``wasted_tokens`` the text generated again after a resume and dropped. Each attempt's own
-    figures are in ``DoneEvent.history``.
+    ``output_tokens`` adds, per attempt, what its server reported or, for an attempt that
+    reported nothing (broken attempts never do), the ledger's count of what it generated;
+    ``estimated`` is true when any attempt's count is such an estimate, and then the total is
+    never below ``delivered_tokens``. ``delivered_tokens`` counts the final answer with the
+    token ledger; ``wasted_tokens`` the text generated again after a resume and dropped. Each
+    attempt's own figures are in ``DoneEvent.history``.
+
+    Counts the servers did not report are made when first read: an answer that needs none of
+    them on its way (one attempt, no resume) never waits for the token encoding to load.
+    Frozen, like the events.
     """
 
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    delivered_tokens: int = 0
-    wasted_tokens: int = 0
-    #: The tiktoken encoding used for the ledger, or ``"approximate"``.
-    encoding: str = ""
-    #: Some attempt's output count is the ledger's estimate, not a server's report.
-    estimated: bool = False
+    __slots__ = (
+        "_delivered_tokens",
+        "_encoding",
+        "_later",
+        "_output_tokens",
+        "_wasted_tokens",
+        "estimated",
+        "input_tokens",
+    )
+
+    input_tokens: int | None
+    estimated: bool
+    _output_tokens: int | None
+    _delivered_tokens: int
+    _wasted_tokens: int
+    _encoding: str
+    _later: Callable[[], tuple[str, int]] | None
+
+    def __init__(
+        self,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        delivered_tokens: int = 0,
+        wasted_tokens: int = 0,
+        encoding: str = "",
+        estimated: bool = False,
+        *,
+        later: Callable[[], tuple[str, int]] | None = None,
+    ) -> None:
+        set_ = object.__setattr__
+        set_(self, "input_tokens", input_tokens)
+        set_(self, "_output_tokens", output_tokens)
+        set_(self, "_delivered_tokens", delivered_tokens)
+        set_(self, "_wasted_tokens", wasted_tokens)
+        set_(self, "_encoding", encoding)
+        set_(self, "estimated", estimated)
+        #: Counts owed: ``() -> (encoding, tokens delivered)``, the answer's one estimated
+        #: attempt (output = delivered).
+        set_(self, "_later", later)
+
+    def _settle(self) -> None:
+        later = self._later
+        if later is not None:
+            encoding, tokens = later()
+            set_ = object.__setattr__
+            set_(self, "_encoding", encoding)
+            set_(self, "_delivered_tokens", tokens)
+            set_(self, "_output_tokens", tokens)
+            set_(self, "_later", None)
+
+    @property
+    def output_tokens(self) -> int | None:
+        self._settle()
+        return self._output_tokens
+
+    @property
+    def delivered_tokens(self) -> int:
+        self._settle()
+        return self._delivered_tokens
+
+    @property
+    def wasted_tokens(self) -> int:
+        return self._wasted_tokens
+
+    @property
+    def encoding(self) -> str:
+        """The tiktoken encoding used for the ledger, ``"approximate"``, or ``"reported"``."""
+        self._settle()
+        return self._encoding
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.input_tokens,
+            self.output_tokens,
+            self.delivered_tokens,
+            self.wasted_tokens,
+            self.encoding,
+            self.estimated,
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Usage is frozen: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        names = (
+            "input_tokens",
+            "output_tokens",
+            "delivered_tokens",
+            "wasted_tokens",
+            "encoding",
+            "estimated",
+        )
+        shown = ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True))
+        return f"Usage({shown})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ._balance import RetryBudget, Weight
 from ._breaker import BreakerState, CircuitBreaker
+from ._events import Usage
 from ._metrics import ModelMetrics, RouteStats, snapshot
 from ._routes import Route, fallback_order, pick_weighted
 
@@ -34,6 +35,12 @@ class _RouteState:
     weight: Weight
     stats: RouteStats = field(default_factory=RouteStats)
     cooldown_until: float = 0.0
+    #: Answers whose delivered tokens are counted when first needed (see ``tokens_later``).
+    owed: list[Usage] = field(default_factory=list)
+
+
+#: Answers whose token counts a route may owe before they are settled at once.
+_MAX_OWED = 256
 
 
 class Fleet:
@@ -144,10 +151,25 @@ class Fleet:
         stats.tokens_delivered += delivered
         stats.tokens_wasted += wasted
 
+    def tokens_later(self, i: int, usage: Usage) -> None:
+        """An answer's delivered tokens, counted when metrics are read (or its usage is)."""
+        owed = self.states[i].owed
+        owed.append(usage)
+        if len(owed) > _MAX_OWED:
+            self._settle(self.states[i])
+
+    def _settle(self, s: _RouteState) -> None:
+        for usage in s.owed:
+            s.stats.tokens_delivered += usage.delivered_tokens
+        s.owed.clear()
+
     # -- reading --------------------------------------------------------------------------
 
     def metrics(self, now: float | None = None) -> dict[str, ModelMetrics]:
         """Every route's metrics; with ``now``, cool-downs still running are reported."""
+        for s in self.states:
+            if s.owed:
+                self._settle(s)
         return {
             s.route.key: snapshot(
                 s.route.key,

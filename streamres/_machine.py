@@ -292,6 +292,7 @@ class Answer:
         slots: Slots | None = None,
         memory: Memory | None = None,
         encodings: Encodings = lambda model: None,
+        load_now: Callable[[str], tuple[str, Counter]] | None = None,
         secret_headers: Callable[[str], bool] = lambda name: False,
     ) -> None:
         self.opts = opts
@@ -299,6 +300,10 @@ class Answer:
         self.slots = slots
         self.memory = memory if memory is not None else Memory()
         self.encodings = encodings
+        #: Loads an encoding where it is called: for counts owed, made when first read.
+        self.load_now = load_now
+        #: The one attempt's counts are owed (see :class:`~streamres.Usage`).
+        self._owed = False
         #: Events for the caller, in order; the shell takes them after each fact.
         self.events: list[Event] = []
         #: When the read in progress must end (the deadline, the stall timer).
@@ -862,8 +867,11 @@ class Answer:
             held = dedup.abandon() if not dedup.resolved else ""
             dropped = dedup.stats.dropped + held
         single = at.number == 1 and fail is None and decoder.output_tokens is not None
-        if ((added and not single) or dropped) and (load := self._needs(self._account)):
-            return load
+        if (added and not single) or dropped:
+            if self._can_owe(at, fail, dropped):
+                self._owed = True
+            elif load := self._needs(self._account):
+                return load
         if dedup is not None:
             self.wasted += dropped
             self.deduplicated += len(dedup.stats.dropped)
@@ -871,6 +879,8 @@ class Answer:
         if single:
             assert decoder.output_tokens is not None
             delivered = decoder.output_tokens
+        elif self._owed:
+            delivered = 0  # counted when first read
         else:
             delivered = (self._tokens() - at.tokens_before) if added else 0
         self.fleet.tokens(at.index, delivered=delivered, wasted=wasted_tokens)
@@ -878,6 +888,8 @@ class Answer:
         reported = decoder.output_tokens
         estimated = reported is None and estimate is not None
         out = reported if reported is not None else estimate
+        if self._owed:  # the server reported none; the answer's usage counts it when read
+            out, estimated = None, False
         if decoder.input_tokens is not None:
             self.input_tokens = (self.input_tokens or 0) + decoder.input_tokens
         if out is not None:
@@ -1005,23 +1017,30 @@ class Answer:
         """The done event: the whole answer, its usage and history."""
         single = self.resumes == 0 and not self.estimated and self.ledger is None
         counted = not (single and self.output_tokens is not None) or self.wasted
-        if counted and (load := self._needs(lambda t: self._done(finish_reason, refusal, t))):
+        if (
+            counted
+            and not self._owed
+            and (load := self._needs(lambda t: self._done(finish_reason, refusal, t)))
+        ):
             return load
-        if single and self.output_tokens is not None:
-            delivered = self.output_tokens  # the server's own count of this single attempt
+        if self._owed:
+            usage = self._usage_owed()
         else:
-            delivered = self._tokens()
-        output = self.output_tokens
-        if self.estimated and output is not None:
-            output = max(output, delivered)  # never fewer than what reached the caller
-        usage = Usage(
-            input_tokens=self.input_tokens,
-            output_tokens=output,
-            estimated=self.estimated,
-            delivered_tokens=delivered,
-            wasted_tokens=self._count(self.wasted),
-            encoding=self.encoding or "reported",
-        )
+            if single and self.output_tokens is not None:
+                delivered = self.output_tokens  # the server's own count of this single attempt
+            else:
+                delivered = self._tokens()
+            output = self.output_tokens
+            if self.estimated and output is not None:
+                output = max(output, delivered)  # never fewer than what reached the caller
+            usage = Usage(
+                input_tokens=self.input_tokens,
+                output_tokens=output,
+                estimated=self.estimated,
+                delivered_tokens=delivered,
+                wasted_tokens=self._count(self.wasted),
+                encoding=self.encoding or "reported",
+            )
         elapsed = now - self.start
         log.info(
             "streamres.done",
@@ -1052,6 +1071,32 @@ class Answer:
         return Finish(drain=self._lingering, until=min(self.t_end, now + DRAIN_SECONDS))
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _can_owe(self, at: _Attempt, fail: Failure | None, dropped: str) -> bool:
+        """May this attempt's counts wait until someone reads them? Only for an answer that
+        is one complete attempt whose server reported no output count, while no encoding is
+        loaded yet: nothing on the answer's way needs a count, so none is made (loading the
+        encoding costs more than a short answer)."""
+        return (
+            at.number == 1
+            and fail is None
+            and not dropped
+            and self.load_now is not None
+            and self.count is None
+            and self.encodings(self.model) is None
+        )
+
+    def _usage_owed(self) -> Usage:
+        load_now, model, text = self.load_now, self.model, self.text
+        assert load_now is not None
+
+        def later() -> tuple[str, int]:
+            encoding, count = load_now(model)
+            return encoding, count(text) if text else 0
+
+        usage = Usage(input_tokens=self.input_tokens, estimated=True, later=later)
+        self.fleet.tokens_later(self.index, usage)
+        return usage
 
     def _fail(
         self, cls: type[StreamError], message: str, *, last: Failure | Literal[0] | None = 0

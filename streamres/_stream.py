@@ -77,6 +77,14 @@ async def _shared_ssl_context() -> ssl.SSLContext:
 _counters: dict[str, tuple[str, Counter]] = {}
 
 
+def _load_counter_now(model: str) -> tuple[str, Counter]:
+    """For counts made when first read (``Usage``): loads where it is called, once."""
+    got = _counters.get(model)
+    if got is None:
+        got = _counters[model] = counter_for(model)
+    return got
+
+
 async def _load_counter(model: str) -> tuple[str, Counter]:
     got = _counters.get(model)
     if got is None:
@@ -420,6 +428,7 @@ async def _run(
         slots=limits,
         memory=_MEMORY,
         encodings=_counters.get,
+        load_now=_load_counter_now,
         secret_headers=lambda name: bool(_SECRET_HEADER.search(name)),
     )
     shell = _Shell(m, client, limits)

@@ -317,6 +317,10 @@ class Upstream:
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
         self.open_connections += 1
+        with contextlib.suppress(OSError, anyio.TypedAttributeLookupError):
+            # Each write leaves at once, as a real server's flushed event does.
+            raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while True:
                 event = await self._next(conn, stream)
@@ -457,6 +461,8 @@ class Upstream:
         render: Render
         if provider == "openai":
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            if headers.get("x-upstream-usage") == "none":  # a server that never reports usage
+                usage = False
             render = OpenAIRender(model, include_usage=usage)
         elif provider == "anthropic":
             render = AnthropicRender(model)
@@ -542,6 +548,8 @@ class Upstream:
         )
         input_tokens = sum(len(str(m.get("content", ""))) for m in messages) // 4 + 1
         delay = spec.token_delay if spec.token_delay is not None else self.token_delay
+        if "x-upstream-delay" in headers:  # seconds between tokens, each its own write
+            delay = float(headers["x-upstream-delay"])
         self._enter(model)
         try:
             if fault.kind == "bomb":
