@@ -158,11 +158,14 @@ def _consumers(provider: str) -> dict[str, Consumer | None]:
 
 
 #: How the upstream frames a stream. "large chunks": as fast as it can, in 32 KiB writes (a
-#: proxy's buffered relay). "one event per write": each token its own flushed TCP write 1 ms
-#: apart (Nagle off), so each read holds one event — how real servers deliver tokens.
+#: proxy's buffered relay). "one event per write": each token its own flushed TCP write (Nagle
+#: off), as fast as the server goes — how real servers deliver tokens; a client that keeps up
+#: reads one event per read. "paced": the same, 1 ms apart (1,000 tokens/s): every read also
+#: wakes the event loop from idle, which then costs more than the event itself.
 FRAMINGS: dict[str, dict[str, str]] = {
     "large chunks": {},
-    "one event per write": {"x-upstream-delay": "0.001"},
+    "one event per write": {"x-upstream-framing": "event"},
+    "paced, 1 ms": {"x-upstream-delay": "0.001"},
 }
 
 
@@ -582,7 +585,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 async def _all(args: argparse.Namespace) -> dict[str, Any]:
     sizes = {
         "large chunks": [2000] if args.quick else [20_000, 200_000],
-        "one event per write": [300] if args.quick else [2000],
+        "one event per write": [2000] if args.quick else [20_000],
+        "paced, 1 ms": [300] if args.quick else [2000],
     }
     runs = 1 if args.quick else args.runs
     report: dict[str, Any] = {

@@ -550,6 +550,8 @@ class Upstream:
         delay = spec.token_delay if spec.token_delay is not None else self.token_delay
         if "x-upstream-delay" in headers:  # seconds between tokens, each its own write
             delay = float(headers["x-upstream-delay"])
+        #: "event": each token its own write, at once (as a server relaying a fast model).
+        each = headers.get("x-upstream-framing") == "event"
         self._enter(model)
         try:
             if fault.kind == "bomb":
@@ -568,7 +570,7 @@ class Upstream:
                 self._stored[render.id] = list(render.log)
                 await self._play(conn, stream, render.log, fault, delay, render)
                 return
-            if fault.kind == "ok" and delay <= 0:
+            if fault.kind == "ok" and delay <= 0 and not each:
                 # Fault-free and as fast as possible (benchmarks): render once, then only send.
                 key = (provider, model, render.include_usage, reply, max_tokens)
                 cached = self._bodies.get(key)
@@ -585,7 +587,7 @@ class Upstream:
                 await stream.send(conn.send(h11.EndOfMessage()))
                 return
             await self._stream_body(
-                conn, stream, render, reply, fault, max_tokens, input_tokens, delay, record
+                conn, stream, render, reply, fault, max_tokens, input_tokens, delay, record, each
             )
         finally:
             self._leave(model)
@@ -664,6 +666,7 @@ class Upstream:
         input_tokens: int,
         delay: float,
         record: RecordedRequest,
+        each: bool = False,
     ) -> None:
         buf = bytearray(render.start(input_tokens))
 
@@ -691,6 +694,8 @@ class Upstream:
             if delay > 0:
                 await flush()
                 await anyio.sleep(delay)
+            elif each:
+                await flush()
             elif len(buf) >= _SEND_BATCH:
                 await flush()
         if not midstream:
