@@ -11,12 +11,10 @@
 ...             print(ev.text, end="")
 """
 
-from ._backoff import Backoff
-from ._balance import RetryBudget
-from ._bounds import ReadLimits
-from ._client import Client
-from ._continuation import CONTINUE_INSTRUCTION
-from ._errors import (
+from streamres._core.backoff import Backoff
+from streamres._core.bounds import ReadLimits
+from streamres._core.continuation import CONTINUE_INSTRUCTION
+from streamres._core.errors import (
     AttemptsExhausted,
     DeadlineExceeded,
     InvalidRequest,
@@ -24,7 +22,7 @@ from ._errors import (
     StreamError,
     UpstreamUnreachable,
 )
-from ._events import (
+from streamres._core.events import (
     Attempt,
     DoneEvent,
     Event,
@@ -38,9 +36,11 @@ from ._events import (
     ToolCallEvent,
     Usage,
 )
-from ._metrics import Health, ModelMetrics
-from ._routes import Route
-from ._stream import ResilientStream, stream_resilient
+from streamres._fleet.balance import RetryBudget
+from streamres._fleet.metrics import Health, ModelMetrics
+from streamres._fleet.routes import Route
+from streamres._shell.client import Client
+from streamres._shell.stream import ResilientStream, stream_resilient
 
 __all__ = [
     "CONTINUE_INSTRUCTION",

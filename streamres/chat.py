@@ -24,7 +24,7 @@ from typing import Any, Literal, TextIO
 import anyio
 
 import streamres
-from streamres._cliargs import Parser, positive_int, positive_seconds, seconds_or_zero
+from streamres._apps.cliargs import Parser, positive_int, positive_seconds, seconds_or_zero
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream
 
 __all__ = ["MarkdownStyler", "main"]

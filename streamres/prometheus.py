@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ._client import Client
+from streamres._shell.client import Client
 
 __all__ = ["StreamresCollector", "register"]
 

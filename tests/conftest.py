@@ -9,7 +9,7 @@ import pytest
 from hypothesis import settings
 
 import streamres
-from streamres._tokens import counter_for
+from streamres._core.tokens import counter_for
 from streamres.upstream import Upstream
 
 # Shared machines are noisy: a property is about results, never about how long an example took.

@@ -19,7 +19,7 @@ from openai._streaming import SSEDecoder as OpenAISSE
 from openai.lib.streaming.chat._completions import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from streamres._wire import normalise_finish
+from streamres._providers.wire import normalise_finish
 
 
 @dataclass

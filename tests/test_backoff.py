@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamres import Backoff
-from streamres._classify import Failure
-from streamres._policy import decide
+from streamres._core.classify import Failure
+from streamres._core.policy import decide
 
 
 @given(
@@ -108,7 +108,7 @@ def test_prefill_rejected_retries_immediately() -> None:
 def test_reinterpret_refusals_by_what_was_refused() -> None:
     """A refused re-attach continues another way; a 400 to a prefill continuation means the
     server refuses prefill; a plain refusal stays permanent."""
-    from streamres._policy import reinterpret
+    from streamres._core.policy import reinterpret
 
     refused = Failure("permanent", "not found", 404)
     assert (

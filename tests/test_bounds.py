@@ -11,12 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamres import Backoff, ReadLimits, Route
-from streamres._classify import Failure, classify_not_a_stream, parse_retry_after
-from streamres._fleet import MAX_COOLDOWN, Fleet
-from streamres._inflate import InflateError, Inflater
-from streamres._policy import decide
-from streamres._redact import Redactor, redact_url, url_secrets
-from streamres._sse import SSEDecoder
+from streamres._core.classify import Failure, classify_not_a_stream, parse_retry_after
+from streamres._core.inflate import InflateError, Inflater
+from streamres._core.policy import decide
+from streamres._core.redact import Redactor, redact_url, url_secrets
+from streamres._core.sse import SSEDecoder
+from streamres._fleet.fleet import MAX_COOLDOWN, Fleet
 
 
 def test_a_long_line_is_kept_as_pieces_and_joined_once() -> None:

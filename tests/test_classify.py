@@ -7,7 +7,7 @@ import email.utils
 import httpx
 import pytest
 
-from streamres._classify import classify_error_object, classify_response, parse_retry_after
+from streamres._core.classify import classify_error_object, classify_response, parse_retry_after
 
 NOW = 1_750_000_000.0
 

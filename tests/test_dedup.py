@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from streamres._dedup import Deduplicator
+from streamres._core.dedup import Deduplicator
 
 D = "TCP slow start doubles the congestion window every round trip until the threshold"
 

@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 import streamres
-from streamres import Backoff, Client, Route, _stream
-from streamres._stall import StallTimer
-from streamres._stream import _connect_cause
+from streamres import Backoff, Client, Route
+from streamres._core.stall import StallTimer
+from streamres._shell import stream as _stream
+from streamres._shell.stream import _connect_cause
 from streamres.upstream import Upstream
 
 from .conftest import FAST, USER, collect

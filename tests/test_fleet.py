@@ -6,10 +6,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamres import Route
-from streamres._balance import RetryBudget, Weight
-from streamres._breaker import CircuitBreaker
-from streamres._metrics import RouteStats, assess
-from streamres._routes import fallback_order, pick_weighted
+from streamres._fleet.balance import RetryBudget, Weight
+from streamres._fleet.breaker import CircuitBreaker
+from streamres._fleet.metrics import RouteStats, assess
+from streamres._fleet.routes import fallback_order, pick_weighted
 
 
 def test_breaker_opens_after_threshold() -> None:

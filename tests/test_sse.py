@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamres._sse import SSEDecoder
+from streamres._core.sse import SSEDecoder
 
 SAMPLE = (
     b"\xef\xbb\xbf: OPENROUTER PROCESSING\n\n"

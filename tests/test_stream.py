@@ -11,7 +11,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import streamres
-from streamres import _machine, _stream
+from streamres._core import machine as _machine
+from streamres._shell import stream as _stream
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 
 from .conftest import FAST, USER, collect, url_for

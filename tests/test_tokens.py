@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import tiktoken
 
-from streamres._tokens import TokenLedger, approximate_tokens, counter_for
+from streamres._core.tokens import TokenLedger, approximate_tokens, counter_for
 
 TEXT = "TCP slow start doubles the window — naïve café 数据 🚀. " * 20
 

@@ -11,7 +11,7 @@ import pytest
 
 import streamres
 from streamres import Client, Route
-from streamres._tools import (
+from streamres._providers.tools import (
     anthropic_messages,
     anthropic_tools,
     canonical_tool,

@@ -7,10 +7,11 @@ import json
 import httpx
 import pytest
 
-from streamres import _anthropic, _openai
-from streamres._continuation import CONTINUE_INSTRUCTION, build_continuation, choose
-from streamres._sse import SSEDecoder
-from streamres._wire import StreamDecoder
+from streamres._core.continuation import CONTINUE_INSTRUCTION, build_continuation, choose
+from streamres._core.sse import SSEDecoder
+from streamres._providers import anthropic as _anthropic
+from streamres._providers import openai as _openai
+from streamres._providers.wire import StreamDecoder
 
 OPENAI_OK = (
     b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
@@ -367,7 +368,7 @@ def test_incomplete_tool_call_at_finish_is_a_failure() -> None:
 def test_a_declared_responses_custom_tool_call_is_delivered() -> None:
     """A custom tool the request declared: its free-text input arrives as the call's
     arguments, a JSON string. One the server ran itself (not declared) is no call."""
-    from streamres import _responses
+    from streamres._providers import responses as _responses
 
     def events(name: str) -> list[dict[str, object]]:
         return [
@@ -398,7 +399,7 @@ def test_a_declared_responses_custom_tool_call_is_delivered() -> None:
 
 def test_the_internal_parallel_wrapper_is_unwrapped() -> None:
     """A multi_tool_use.parallel call holding two calls: the two calls, with their own ids."""
-    from streamres._wire import PartialCall
+    from streamres._providers.wire import PartialCall
 
     dec = _openai.OpenAIDecoder()
     args = {"tool_uses": [

@@ -694,9 +694,7 @@ class Upstream:
             if delay > 0:
                 await flush()
                 await anyio.sleep(delay)
-            elif each:
-                await flush()
-            elif len(buf) >= _SEND_BATCH:
+            elif each or len(buf) >= _SEND_BATCH:
                 await flush()
         if not midstream:
             buf += render.finish(finish, input_tokens, tokens)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._inflate import MAX_INFLATE
-from ._sse import MAX_EVENT, MAX_LINE
+from streamres._core.inflate import MAX_INFLATE
+from streamres._core.sse import MAX_EVENT, MAX_LINE
 
 __all__ = ["ReadLimits"]
 

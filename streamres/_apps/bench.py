@@ -28,7 +28,7 @@ import httpx
 import structlog
 
 import streamres
-from streamres import _dedup_bench
+from streamres._apps import dedup_bench as _dedup_bench
 from streamres.upstream import Upstream, answer_for, split_tokens
 
 __all__ = ["main"]
@@ -259,7 +259,7 @@ async def _peak_memory(url: str, events: int) -> dict[str, float]:
 
 
 def _ledger(sizes: list[int]) -> list[dict[str, Any]]:
-    from streamres._tokens import TokenLedger, counter_for
+    from streamres._core.tokens import TokenLedger, counter_for
 
     _, count = counter_for("gpt-4o-mini")
     rows = []
@@ -364,7 +364,7 @@ async def _restart_waste(base: str, provider: str, fault: str, up: Upstream) -> 
         ):
             pass
     except streamres.StreamError as exc:
-        from streamres._tokens import counter_for
+        from streamres._core.tokens import counter_for
 
         return counter_for("m")[1](exc.partial_text)
     return 0
@@ -505,7 +505,7 @@ def _first_calls(url: str, runs: int) -> list[dict[str, Any]]:
         got = []
         for _ in range(runs):
             out = subprocess.run(
-                [sys.executable, "-m", "streamres._bench", "--first", consumer, url],
+                [sys.executable, "-m", "streamres._apps.bench", "--first", consumer, url],
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -554,7 +554,7 @@ def _hostile() -> list[dict[str, Any]]:
     for name, faults in _ATTACKS.items():
         with _server("--faults", faults) as url:
             out = subprocess.run(
-                [sys.executable, "-m", "streamres._bench", "--probe", url],
+                [sys.executable, "-m", "streamres._apps.bench", "--probe", url],
                 capture_output=True,
                 text=True,
                 timeout=120,

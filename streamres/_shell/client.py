@@ -16,17 +16,17 @@ from typing import Any
 import anyio
 import httpx
 
-from ._backoff import Backoff
-from ._balance import RetryBudget
-from ._bounds import ReadLimits
-from ._errors import InvalidRequest
-from ._fleet import Fleet
-from ._limits import Limits
-from ._metrics import Health, ModelMetrics
-from ._options import check_options, resolve_route
-from ._routes import Route
-from ._stall import FIRST_OUTPUT
-from ._stream import ResilientStream, _run, _shared_ssl_context
+from streamres._core.backoff import Backoff
+from streamres._core.bounds import ReadLimits
+from streamres._core.errors import InvalidRequest
+from streamres._core.options import check_options, resolve_route
+from streamres._core.stall import FIRST_OUTPUT
+from streamres._fleet.balance import RetryBudget
+from streamres._fleet.fleet import Fleet
+from streamres._fleet.metrics import Health, ModelMetrics
+from streamres._fleet.routes import Route
+from streamres._shell.limits import Limits
+from streamres._shell.stream import ResilientStream, _run, _shared_ssl_context
 
 __all__ = ["Client"]
 

@@ -6,7 +6,7 @@ nothing: it opens HTTP streams, reads their bytes, sleeps, waits for concurrency
 a fact with the time. See ``_machine`` for the theory of operation.
 
 The deadline and the stall timer bound every wait: the header wait with one cancel scope per
-attempt, each read with the stream's :class:`~streamres._timer.ReadTimer` (one timer whose
+attempt, each read with the stream's :class:`~streamres._shell.timer.ReadTimer` (one timer whose
 deadline moves, never a cancel scope across a ``yield`` of this async generator).
 """
 
@@ -24,15 +24,13 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from ._backoff import Backoff
-from ._bounds import ReadLimits
-from ._classify import Failure, failure
-from ._errors import InvalidRequest, StreamError
-from ._events import Event
-from ._fleet import Fleet
-from ._inflate import ACCEPT_ENCODING
-from ._limits import Limits
-from ._machine import (
+from streamres._core.backoff import Backoff
+from streamres._core.bounds import ReadLimits
+from streamres._core.classify import Failure, failure
+from streamres._core.errors import InvalidRequest, StreamError
+from streamres._core.events import Event
+from streamres._core.inflate import ACCEPT_ENCODING
+from streamres._core.machine import (
     ERROR_BODY_LIMIT,
     READ,
     Acquire,
@@ -45,12 +43,14 @@ from ._machine import (
     Send,
     Wait,
 )
-from ._options import Options, check_options, resolve_route
-from ._redact import redact_url
-from ._routes import Route
-from ._stall import FIRST_OUTPUT
-from ._timer import TIMEOUT, ReadTimer, clock
-from ._tokens import Counter, counter_for
+from streamres._core.options import Options, check_options, resolve_route
+from streamres._core.redact import redact_url
+from streamres._core.stall import FIRST_OUTPUT
+from streamres._core.tokens import Counter, counter_for
+from streamres._fleet.fleet import Fleet
+from streamres._fleet.routes import Route
+from streamres._shell.limits import Limits
+from streamres._shell.timer import TIMEOUT, ReadTimer, clock
 
 __all__ = ["ResilientStream", "stream_resilient"]
 

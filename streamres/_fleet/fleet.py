@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ._balance import RetryBudget, Weight
-from ._breaker import BreakerState, CircuitBreaker
-from ._events import Usage
-from ._metrics import ModelMetrics, RouteStats, snapshot
-from ._routes import Route, fallback_order, pick_weighted
+from streamres._core.events import Usage
+from streamres._fleet.balance import RetryBudget, Weight
+from streamres._fleet.breaker import BreakerState, CircuitBreaker
+from streamres._fleet.metrics import ModelMetrics, RouteStats, snapshot
+from streamres._fleet.routes import Route, fallback_order, pick_weighted
 
 __all__ = ["HEALTH_KINDS", "MAX_COOLDOWN", "Fleet"]
 

@@ -3,7 +3,7 @@ friendly and neutral, never a stack trace)."""
 
 from __future__ import annotations
 
-from ._classify import Failure
+from streamres._core.classify import Failure
 
 __all__ = [
     "busy_message",

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ._backoff import Backoff
-from ._classify import Failure
+from streamres._core.backoff import Backoff
+from streamres._core.classify import Failure
 
 __all__ = [
     "CONNECT_BACKOFF",

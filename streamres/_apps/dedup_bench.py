@@ -21,9 +21,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ._dedup import Deduplicator
-from ._tokens import counter_for, token_starts
-from .upstream._answers import PREAMBLES, Lang, answer_for, split_tokens
+from streamres._core.dedup import Deduplicator
+from streamres._core.tokens import counter_for, token_starts
+from streamres.upstream._answers import PREAMBLES, Lang, answer_for, split_tokens
 
 __all__ = ["LANGUAGES", "run"]
 

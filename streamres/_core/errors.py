@@ -19,7 +19,7 @@ the public API.
 
 from __future__ import annotations
 
-from ._events import Attempt
+from streamres._core.events import Attempt
 
 __all__ = [
     "AttemptsExhausted",

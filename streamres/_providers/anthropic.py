@@ -13,9 +13,16 @@ import re
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
-from ._classify import classify_error_object
-from ._tools import anthropic_messages, anthropic_tools
-from ._wire import HttpRequest, PartialCall, StreamDecoder, count, normalise_finish, text_or_none
+from streamres._core.classify import classify_error_object
+from streamres._providers.tools import anthropic_messages, anthropic_tools
+from streamres._providers.wire import (
+    HttpRequest,
+    PartialCall,
+    StreamDecoder,
+    count,
+    normalise_finish,
+    text_or_none,
+)
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicDecoder", "build_request"]
 
@@ -79,7 +86,7 @@ _TEXT_DELTA = re.compile(
 
 
 class AnthropicDecoder(StreamDecoder):
-    """Messages stream events -> text; see :class:`~streamres._wire.StreamDecoder`."""
+    """Messages stream events -> text; see :class:`~streamres._providers.wire.StreamDecoder`."""
 
     __slots__ = ("_thinking",)
 

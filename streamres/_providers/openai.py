@@ -13,9 +13,16 @@ import re
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
-from ._classify import classify_error_object
-from ._tools import openai_tools
-from ._wire import HttpRequest, PartialCall, StreamDecoder, count, normalise_finish, text_or_none
+from streamres._core.classify import classify_error_object
+from streamres._providers.tools import openai_tools
+from streamres._providers.wire import (
+    HttpRequest,
+    PartialCall,
+    StreamDecoder,
+    count,
+    normalise_finish,
+    text_or_none,
+)
 
 __all__ = ["OpenAIDecoder", "build_request", "headers"]
 
@@ -70,7 +77,7 @@ _TAIL = re.compile(r'(?:,"usage":null)?(?:,"obfuscation":"[^"\\]*")?\}\Z')
 
 
 class OpenAIDecoder(StreamDecoder):
-    """Chat Completions chunks -> text; see :class:`~streamres._wire.StreamDecoder`."""
+    """Chat Completions chunks -> text; see :class:`~streamres._providers.wire.StreamDecoder`."""
 
     __slots__ = ()
 

@@ -32,7 +32,7 @@ One attempt goes through these states::
 a request, for the earliest that will; ``turn`` waits out a shared cool-down and takes a ticket
 from the retry budget; ``over`` records the outcome with the fleet (breaker, weight, metrics)
 and settles the books; ``account`` counts tokens; a failure goes to the policy
-(:func:`~streamres._policy.decide`), the single pure function that says what happens after any
+(:func:`~streamres._core.policy.decide`), the single pure function that says what happens after any
 failure. Every step that needs a token count first makes sure the encoding is loaded: it
 returns ``Load`` and runs again when the shell reports ``loaded``.
 
@@ -49,12 +49,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from . import _anthropic, _openai, _responses
-from ._backoff import after_hint
-from ._classify import Failure, classify_not_a_stream, classify_response, failure, is_event_stream
-from ._continuation import Strategy, build_continuation, choose
-from ._dedup import Deduplicator
-from ._errors import (
+from streamres._core.backoff import after_hint
+from streamres._core.classify import (
+    Failure,
+    classify_not_a_stream,
+    classify_response,
+    failure,
+    is_event_stream,
+)
+from streamres._core.continuation import Strategy, build_continuation, choose
+from streamres._core.dedup import Deduplicator
+from streamres._core.errors import (
     AttemptsExhausted,
     DeadlineExceeded,
     InvalidRequest,
@@ -62,7 +67,7 @@ from ._errors import (
     StreamError,
     UpstreamUnreachable,
 )
-from ._events import (
+from streamres._core.events import (
     Attempt,
     DoneEvent,
     Event,
@@ -75,17 +80,26 @@ from ._events import (
     ToolCallEvent,
     Usage,
 )
-from ._inflate import InflateError, Inflater
-from ._log import log
-from ._options import Options
-from ._policy import connect_timeout, decide, reinterpret
-from ._redact import Redactor, redact_url, url_secrets
-from ._routes import Route
-from ._sse import SSEDecoder
-from ._stall import StallTimer
-from ._tokens import Counter, TokenLedger, token_starts
-from ._wire import DECODE_ERRORS, HttpRequest, StreamDecoder
-from ._wording import busy_message, fallback_message, plural, resume_message, retry_message
+from streamres._core.inflate import InflateError, Inflater
+from streamres._core.options import Options
+from streamres._core.policy import connect_timeout, decide, reinterpret
+from streamres._core.redact import Redactor, redact_url, url_secrets
+from streamres._core.sse import SSEDecoder
+from streamres._core.stall import StallTimer
+from streamres._core.tokens import Counter, TokenLedger, token_starts
+from streamres._core.wording import (
+    busy_message,
+    fallback_message,
+    plural,
+    resume_message,
+    retry_message,
+)
+from streamres._fleet.routes import Route
+from streamres._providers import anthropic as _anthropic
+from streamres._providers import openai as _openai
+from streamres._providers import responses as _responses
+from streamres._providers.wire import DECODE_ERRORS, HttpRequest, StreamDecoder
+from streamres._shell.log import log
 
 __all__ = [
     "READ",

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import anyio
 
-from ._routes import Route
+from streamres._fleet.routes import Route
 
 __all__ = ["Limits"]
 

@@ -16,7 +16,7 @@ import anyio
 import structlog
 
 import streamres
-from streamres._cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
+from streamres._apps.cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
 from streamres.chat import DEFAULT_MODELS, add_target_arguments, real_target
 from streamres.upstream import PRESETS, FaultPlan, Upstream
 
@@ -240,7 +240,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
-        from streamres import _bench
+        from streamres._apps import bench as _bench
 
         return _bench.main(argv[1:])
     if argv[:1] == ["chat"]:

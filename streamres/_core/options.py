@@ -12,13 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ._backoff import Backoff
-from ._bounds import ReadLimits
-from ._errors import InvalidRequest
-from ._fleet import Fleet
-from ._redact import redact_url
-from ._routes import Route
-from ._stall import FIRST_OUTPUT
+from streamres._core.backoff import Backoff
+from streamres._core.bounds import ReadLimits
+from streamres._core.errors import InvalidRequest
+from streamres._core.redact import redact_url
+from streamres._core.stall import FIRST_OUTPUT
+from streamres._fleet.fleet import Fleet
+from streamres._fleet.routes import Route
 
 __all__ = [
     "KNOWN_ARGUMENTS",

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._classify import classify_error_object
-from ._openai import headers
-from ._tools import responses_input, responses_tools
-from ._wire import HttpRequest, PartialCall, StreamDecoder, count, text_or_none
+from streamres._core.classify import classify_error_object
+from streamres._providers.openai import headers
+from streamres._providers.tools import responses_input, responses_tools
+from streamres._providers.wire import HttpRequest, PartialCall, StreamDecoder, count, text_or_none
 
 __all__ = ["ResponsesDecoder", "build_request", "custom_tool_names", "replay_request"]
 
@@ -70,7 +70,7 @@ def custom_tool_names(body: dict[str, Any]) -> frozenset[str]:
 
 
 class ResponsesDecoder(StreamDecoder):
-    """Responses API events -> text; see :class:`~streamres._wire.StreamDecoder`."""
+    """Responses API events -> text; see :class:`~streamres._providers.wire.StreamDecoder`."""
 
     __slots__ = ("background", "custom_tools", "response_failed", "response_id", "sequence")
 

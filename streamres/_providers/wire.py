@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._classify import Failure, failure
-from ._events import ToolCall
+from streamres._core.classify import Failure, failure
+from streamres._core.events import ToolCall
 
 __all__ = [
     "DECODE_ERRORS",

@@ -1,0 +1,1 @@
+"""The applications: the command line and the benchmarks."""

@@ -1,0 +1,1 @@
+"""The fleet of models: breakers, weights, the retry budget, routes and metrics (pure)."""

@@ -1,0 +1,1 @@
+"""The providers: each API's requests and stream events, to and from one event type."""

@@ -1,0 +1,1 @@
+"""The I/O shell: HTTP streams, sleeps, concurrency slots and the client object."""
