@@ -314,6 +314,9 @@ class Answer:
         self.slots = slots
         self.memory = memory if memory is not None else Memory()
         self.encodings = encodings
+        #: Encodings loaded for this answer at its request (``Load``), by model.
+        self._loaded: dict[str, tuple[str, Counter]] = {}
+        self._loading = ""
         #: Loads an encoding where it is called: for counts owed, made when first read.
         self.load_now = load_now
         #: The one attempt's counts are owed (see :class:`~streamres.Usage`).
@@ -394,6 +397,7 @@ class Answer:
 
     def loaded(self, encoding: str, count: Counter, now: float) -> Action:
         """The encoding asked for with ``Load`` is ready."""
+        self._loaded[self._loading] = (encoding, count)
         if self.count is None:
             self.encoding, self.count = encoding, count
         return self._then(now)
@@ -529,12 +533,18 @@ class Answer:
         """``Load`` (then ``step`` again) when a count is needed and the encoding is not here."""
         if self.count is not None:
             return None
-        got = self.encodings(self.model)
+        got = self._encoding(self.model)
         if got is not None:
             self.encoding, self.count = got
             return None
-        self._then = step
-        return Load(self.model)
+        return self._load(self.model, step)
+
+    def _encoding(self, model: str) -> tuple[str, Counter] | None:
+        return self._loaded.get(model) or self.encodings(model)
+
+    def _load(self, model: str, step: Callable[[float], Action]) -> Load:
+        self._then, self._loading = step, model
+        return Load(model)
 
     def _tokens(self) -> int:
         """Delivered tokens (the encoding is loaded: see :meth:`_needs`)."""
@@ -680,9 +690,8 @@ class Answer:
                 messages, extra = cont.messages, {**opts.extra_body, **cont.extra_body}
                 starts: list[int] = []
                 if strategy == "instruct":
-                    if self.encodings(route.model) is None:
-                        self._then = self._request
-                        return Load(route.model)
+                    if self._encoding(route.model) is None:
+                        return self._load(route.model, self._request)
                     # Token seams of the delivered text's end: where a model may restart (CJK).
                     starts = token_starts(route.model, self.text)
                 dedup = Deduplicator(
@@ -1097,7 +1106,7 @@ class Answer:
             and not dropped
             and self.load_now is not None
             and self.count is None
-            and self.encodings(self.model) is None
+            and self._encoding(self.model) is None
         )
 
     def _usage_owed(self) -> Usage:

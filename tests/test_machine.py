@@ -1,0 +1,461 @@
+"""The answer's state machine without sockets: scripted facts on a fake clock.
+
+A small driver plays the shell: it performs each action the machine asks for against a
+scripted server (one plan per request), advancing a fake clock instead of sleeping, and
+feeds back the facts. Every resume, retry, fallback and give-up path runs this way in
+microseconds; hypothesis generates whole fault plans.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamres import (
+    DeadlineExceeded,
+    DoneEvent,
+    Event,
+    FallbackEvent,
+    RequestRejected,
+    ResumeEvent,
+    RetryEvent,
+    TextEvent,
+    ToolCallEvent,
+)
+from streamres._core.classify import failure
+from streamres._core.machine import (
+    READ,
+    Acquire,
+    Answer,
+    Fail,
+    Finish,
+    Load,
+    ReadBody,
+    Send,
+    Wait,
+)
+from streamres._core.options import Options, check_options, resolve_route
+from streamres._core.tokens import approximate_tokens
+from streamres._fleet.fleet import Fleet
+from streamres._fleet.routes import Route
+
+FULL = (
+    "TCP slow start doubles the congestion window every round trip until a loss or the "
+    "threshold. Then congestion avoidance grows it by one segment per round trip. "
+)
+WORDS = re.findall(r"\S+\s*", FULL)
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def text_chunk(text: str) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+
+
+FINISH = (
+    sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) + b"data: [DONE]\n\n"
+)
+SSE_HEADERS = {"content-type": "text/event-stream"}
+
+
+@dataclass
+class Plan:
+    """What the server does with one request."""
+
+    kind: str = "ok"  # ok | capacity | at_capacity | rejected | connect | drop | stall | malformed
+    after: int = 0  # words sent before a mid-stream fault
+    gap: float = 0.05  # seconds between words
+    reads: list[tuple[float, bytes | None]] = field(default_factory=list)  # raw script
+
+
+@dataclass
+class Run:
+    events: list[Event]
+    end: Finish | Fail
+    requests: list[Send]
+    t: float
+    #: The fake time at which each event came out.
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, TextEvent))
+
+    def of(self, cls: type[Any]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+def options(
+    models: int = 1,
+    *,
+    deadline: float = 60.0,
+    fleet: Fleet | None = None,
+    continuation: str = "prefill",
+    **kw: Any,
+) -> Options:
+    routes = [
+        resolve_route(
+            Route(
+                f"m{i}",
+                provider="openai",
+                base_url="http://upstream.test/v1",
+                api_key="sk-test",
+                name=f"m{i}#{i}",
+                continuation=continuation,  # type: ignore[arg-type]
+            )
+        )
+        for i in range(models)
+    ]
+    fleet = fleet or Fleet(routes, breaker_threshold=1_000_000_000)
+    args: dict[str, Any] = {
+        "stall_timeout": None,
+        "first_token_timeout": 60.0,
+        "max_tokens": None,
+        "max_attempts": None,
+        "backoff": None,
+        "fallback_after": 2,
+        "headers": None,
+        "more": {},
+        "rng": random.Random(7),
+        "read_limits": None,
+    }
+    args.update(kw)
+    return check_options(
+        [{"role": "user", "content": "Explain TCP slow start."}],
+        fleet=fleet,
+        chain=range(len(fleet.routes)),
+        deadline=deadline,
+        **args,
+    )
+
+
+def continued_from(send: Send) -> str:
+    """The partial answer a continuation request carries (prefill: the last message)."""
+    last = send.request.body["messages"][-1]
+    return str(last["content"]) if last["role"] == "assistant" else ""
+
+
+def script(plan: Plan, start: str, t: float) -> list[tuple[float, bytes | None]]:
+    """The reads of a streaming plan: (time, bytes), ``None`` bytes for the end of the body."""
+    if plan.reads:
+        return [(t + dt, data) for dt, data in plan.reads]
+    words = re.findall(r"\S+\s*", FULL[len(start) :])
+    out: list[tuple[float, bytes | None]] = []
+    for i, w in enumerate(words):
+        if plan.kind != "ok" and i >= plan.after:
+            break
+        t += plan.gap
+        out.append((t, text_chunk(w)))
+    if plan.kind == "ok":
+        out.append((t, FINISH))
+    elif plan.kind == "malformed":
+        out.append((t, b"data: {not json\n\n"))
+    elif plan.kind == "drop":
+        out.append((t, b"DROP"))
+    elif plan.kind == "stall":
+        out.append((t + 1e9, None))
+    if plan.kind != "stall":
+        out.append((t, None))
+    return out
+
+
+def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_000) -> Run:
+    """Play the shell against scripted plans (``ok`` once they run out)."""
+    events: list[Event] = []
+    times: list[float] = []
+    sends: list[Send] = []
+    reads: list[tuple[float, bytes | None]] = []
+    body = b""
+    act: object = m.start_answer(t)
+    for _ in range(max_steps):
+        events += m.events
+        times += [t] * len(m.events)
+        m.events = []
+        if isinstance(act, Finish | Fail):
+            return Run(events, act, sends, t, times)
+        if act is READ:
+            at, data = reads.pop(0)
+            if at > m.read_deadline:
+                t = max(t, m.read_deadline)
+                reads = []
+                act = m.timed_out(t)
+            elif data == b"DROP":
+                t = max(t, at)
+                act = m.read_failed(failure("connection", "connection lost mid-response"), t)
+            elif data is None:
+                t = max(t, at)
+                act = m.eof(t)
+            else:
+                t = max(t, at)
+                act = m.data(data, t)
+        elif isinstance(act, Wait):
+            t = max(t, act.until)
+            act = m.woke(t)
+        elif isinstance(act, Acquire):
+            act = m.acquired(True, t, queued=0.0)
+        elif isinstance(act, Load):
+            act = m.loaded("approximate", approximate_tokens, t)
+        elif isinstance(act, ReadBody):
+            act = m.body(body, t, wall=0.0)
+        elif isinstance(act, Send):
+            sends.append(act)
+            plan = plans[len(sends) - 1] if len(sends) <= len(plans) else Plan()
+            t += 0.01
+            if plan.kind == "connect":
+                fail = failure("connection", "connection refused")
+                act = m.send_failed(fail, t, queued=0.0)
+            elif plan.kind in ("capacity", "at_capacity", "rejected"):
+                status, body = {
+                    "capacity": (529, b'{"error":{"type":"overloaded_error","message":"busy"}}'),
+                    "at_capacity": (
+                        503,
+                        b'{"error":{"message":"Selected model is at capacity. '
+                        b'Please try a different model."}}',
+                    ),
+                    "rejected": (400, b'{"error":{"message":"bad request","type":"invalid"}}'),
+                }[plan.kind]
+                act = m.started(status, {"content-type": "application/json"}, t, queued=0.0)
+            else:
+                reads = script(plan, continued_from(act), t)
+                act = m.started(200, SSE_HEADERS, t, queued=0.0)
+        else:
+            raise AssertionError(f"unexpected action {act!r}")
+    raise AssertionError("the machine did not finish")
+
+
+def answer(opts: Options | None = None, **kw: Any) -> Answer:
+    return Answer(opts or options(**kw), now=0.0)
+
+
+# -- the paths -------------------------------------------------------------------------------
+
+
+def test_a_clean_answer_is_one_request_and_one_done() -> None:
+    """No fault: one request, the text as sent, and a done event that says so."""
+    run = drive(answer(), [Plan()])
+    assert isinstance(run.end, Finish)
+    assert run.text == FULL
+    (done,) = run.of(DoneEvent)
+    assert (done.text, done.attempts, done.resumes, done.finish_reason) == (FULL, 1, 0, "stop")
+
+
+def test_a_drop_mid_answer_resumes_from_the_delivered_text() -> None:
+    """A connection lost after five words: one resume whose request carries those words, and
+    the answer goes on without repeating or losing one."""
+    run = drive(answer(), [Plan("drop", after=5)])
+    assert run.text == FULL
+    assert continued_from(run.requests[1]) == "".join(WORDS[:5])
+    (resume,) = run.of(ResumeEvent)
+    assert resume.reason == "connection"
+    assert run.of(DoneEvent)[0].resumes == 1
+
+
+def test_capacity_before_any_text_is_retried_with_backoff() -> None:
+    """Two 529s, then an answer: two retry events with growing delays, the clock moved by them."""
+    run = drive(answer(), [Plan("capacity"), Plan("capacity")])
+    retries = run.of(RetryEvent)
+    assert [r.reason for r in retries] == ["capacity", "capacity"]
+    assert 0 < retries[0].delay and run.t >= sum(r.delay for r in retries)
+    assert run.text == FULL
+
+
+def test_at_capacity_moves_to_the_next_model_at_once() -> None:
+    """ "Selected model is at capacity" on a chain of two: the second model, with no wait."""
+    run = drive(answer(models=2), [Plan("at_capacity")])
+    (fb,) = run.of(FallbackEvent)
+    assert (fb.from_model, fb.to_model) == ("m0", "m1")
+    assert run.requests[1].request.body["model"] == "m1"
+    assert not run.of(RetryEvent) and run.text == FULL
+
+
+def test_repeated_drops_switch_model_after_fallback_after_failures() -> None:
+    """Two failures before any text on the first model: the third request goes to the second."""
+    run = drive(answer(models=2), [Plan("drop"), Plan("drop")])
+    assert [s.request.body["model"] for s in run.requests] == ["m0", "m0", "m1"]
+
+
+def test_a_rejected_request_is_never_retried() -> None:
+    """A 400: one request, RequestRejected naming the model."""
+    run = drive(answer(), [Plan("rejected")])
+    assert isinstance(run.end, Fail) and isinstance(run.end.error, RequestRejected)
+    assert len(run.requests) == 1 and "m0 refused" in str(run.end.error)
+
+
+def test_a_stall_ends_the_attempt_at_the_stall_limit_then_resumes() -> None:
+    """Silence after three words: the attempt ends when the stall limit passes (not later),
+    and the answer resumes."""
+    run = drive(answer(stall_timeout=2.0), [Plan("stall", after=3)])
+    resume = run.of(ResumeEvent)[0]
+    assert resume.reason == "stall"
+    assert run.text == FULL
+
+
+def test_the_deadline_is_kept_during_a_read() -> None:
+    """A stream that goes silent with a stall limit beyond the deadline: the answer ends at the
+    deadline, not at the stall limit, with the words delivered kept."""
+    m = answer(deadline=1.0, stall_timeout=30.0)
+    run = drive(m, [Plan("stall", after=3)])
+    assert isinstance(run.end, Fail) and isinstance(run.end.error, DeadlineExceeded)
+    assert run.t <= 1.0 + 1e-9
+    assert run.end.error.partial_text == "".join(WORDS[:3])
+
+
+def test_the_deadline_bounds_the_header_wait() -> None:
+    """The Send action carries the deadline as the header wait's bound."""
+    m = answer(deadline=1.5)
+    act = m.start_answer(0.0)
+    assert isinstance(act, Send) and act.until == 1.5
+
+
+def test_a_malformed_chunk_mid_answer_is_resumed() -> None:
+    """Unparsable data after four words: resumed as malformed, the answer exact."""
+    run = drive(answer(), [Plan("malformed", after=4)])
+    assert run.of(ResumeEvent)[0].reason == "malformed" and run.text == FULL
+
+
+def test_max_attempts_gives_up_with_the_partial_answer() -> None:
+    """A cap of two attempts and two drops: AttemptsExhausted carrying the words delivered."""
+    run = drive(answer(max_attempts=2), [Plan("drop", after=2), Plan("drop", after=2)])
+    assert isinstance(run.end, Fail)
+    assert run.end.error.partial_text == "".join(WORDS[:4])
+    assert type(run.end.error).__name__ == "AttemptsExhausted"
+
+
+# -- what the loopback suite could not catch -------------------------------------------------
+
+
+def _held_head(ping: bool) -> float:
+    """An instruct resume whose first word is also the answer's first (it may be a restart
+    from the top, so it is held), with or without a keep-alive comment at 5 s; the rest at
+    9 s. Returns when the head came out, after the resume."""
+    m = answer(continuation="instruct", stall_timeout=30.0)
+    head, rest = WORDS[0], "window every round trip."
+    second: list[tuple[float, bytes | None]] = [(0.01, text_chunk(head))]
+    if ping:
+        second.append((5.0, b": keep-alive\n\n"))
+    second += [(9.0, text_chunk(rest) + FINISH), (9.0, None)]
+    run = drive(m, [Plan("drop", after=5), Plan(reads=second)])
+    assert run.text == "".join(WORDS[:5]) + head + rest
+    resumed = run.events.index(run.of(ResumeEvent)[0])
+    (when,) = [
+        t
+        for e, t in zip(run.events[resumed:], run.times[resumed:], strict=True)
+        if isinstance(e, TextEvent) and e.text.startswith(head)
+    ]
+    return when - run.times[resumed]
+
+
+def test_a_held_head_is_released_by_a_read_after_the_hold_runs_out() -> None:
+    """The held head comes out at the first read after its hold ran out — a keep-alive comment
+    at 5 s — rather than waiting for the next word at 9 s; without the comment, at 9 s."""
+    with_ping, without = _held_head(ping=True), _held_head(ping=False)
+    assert 5.0 <= with_ping < 6.0
+    assert without >= 9.0
+
+
+def test_a_turn_with_one_whole_and_one_broken_tool_call_is_asked_again() -> None:
+    """A finished turn whose second call's arguments never parse: no tool call is passed on
+    (all or nothing), and the turn is asked again."""
+    calls = [
+        {"index": 0, "id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"index": 1, "id": "b", "type": "function", "function": {"name": "g", "arguments": "{"}},
+    ]
+    broken = (
+        sse({"choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]})
+        + sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        + b"data: [DONE]\n\n"
+    )
+    run = drive(answer(), [Plan(reads=[(0.01, broken), (0.01, None)])])
+    assert not run.of(ToolCallEvent)
+    assert run.of(RetryEvent)[0].reason == "malformed"
+    assert len(run.requests) == 2 and run.text == FULL
+
+
+def test_an_abandoned_probe_frees_the_half_open_model() -> None:
+    """A stream that is the half-open model's one probe and is closed mid-attempt gives the
+    probe back: the next stream may probe at once."""
+    routes = [resolve_route(Route("m0", base_url="http://u.test/v1", api_key="k", name="m0#0"))]
+    fleet = Fleet(routes, breaker_threshold=1, breaker_recovery=10.0)
+    fleet.failed(0, 0.0, "capacity", ttft=None, retry_after=None)  # open
+    first = Answer(options(fleet=fleet), now=20.0)
+    assert isinstance(first.start_answer(20.0), Send)  # the probe
+    assert fleet.probing(0)
+    first.abandon()  # the caller closed the stream
+    assert not fleet.probing(0)
+    second = Answer(options(fleet=fleet), now=20.1)
+    assert isinstance(second.start_answer(20.1), Send)
+
+
+def test_an_abandoned_attempt_refunds_its_budget_ticket() -> None:
+    """A retry waiting for its budget ticket and then closed gives the ticket back."""
+    m = answer()
+    budget = m.fleet.budget
+    budget.balance = 0.0
+    act = m.start_answer(0.0)
+    act = m.started(529, {"content-type": "application/json"}, 0.01, queued=0.0)
+    act = m.body(b'{"error":{"type":"overloaded_error"}}', 0.01, wall=0.0)
+    assert isinstance(act, Wait)
+    act = m.woke(act.until)
+    assert isinstance(act, Wait)  # the ticket's turn has not come
+    before = budget.balance
+    m.abandon()
+    assert budget.balance == before + 1.0
+
+
+def test_retry_budget_waiters_queue_instead_of_polling() -> None:
+    """Three retries with no budget left: each reserves the next token and is told when it
+    comes — one second apart at the floor rate — so each wakes once."""
+    fleet = Fleet([resolve_route(Route("m", base_url="http://u/v1", api_key="k"))])
+    fleet.budget.balance = 0.0
+    fleet.budget.updated = 0.0
+    waits = [fleet.budget.reserve(0.0) for _ in range(3)]
+    assert waits == [1.0, 2.0, 3.0]
+
+
+# -- hypothesis: whole fault plans -------------------------------------------------------------
+
+faults = st.builds(
+    Plan,
+    kind=st.sampled_from(["capacity", "connect", "drop", "stall", "malformed", "at_capacity"]),
+    after=st.integers(0, len(WORDS) - 1),
+    gap=st.sampled_from([0.01, 0.2, 1.0]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    plans=st.lists(faults, max_size=6),
+    models=st.integers(1, 3),
+    deadline=st.sampled_from([5.0, 30.0, 120.0]),
+)
+def test_any_fault_plan_ends_exact_or_with_an_exact_partial(
+    plans: list[Plan], models: int, deadline: float
+) -> None:
+    """Whatever fails, in whatever order: a done answer is the whole text, delivered once; a
+    give-up carries exactly what was delivered, a prefix of the answer; the fake clock never
+    passes the deadline; every request is in the history; nothing is left held."""
+    m = answer(models=models, deadline=deadline, stall_timeout=3.0)
+    run = drive(m, plans)
+    assert run.t <= deadline + 1e-6
+    if isinstance(run.end, Finish):
+        (done,) = run.of(DoneEvent)
+        assert run.text == done.text == FULL
+        assert done.attempts == len(run.requests) == len(done.history)
+    else:
+        assert run.end.error.partial_text == run.text
+        assert FULL.startswith(run.text)
+        assert len(run.end.error.history) == len(run.requests)
+    for i, state in enumerate(m.fleet.states):
+        assert state.stats.in_flight == 0, i
+        assert not m.fleet.probing(i)
+    for ev in run.events:
+        if isinstance(ev, RetryEvent | ResumeEvent):
+            assert ev.delay >= 0
