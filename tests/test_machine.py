@@ -263,7 +263,7 @@ def test_capacity_before_any_text_is_retried_with_backoff() -> None:
     run = drive(answer(), [Plan("capacity"), Plan("capacity")])
     retries = run.of(RetryEvent)
     assert [r.reason for r in retries] == ["capacity", "capacity"]
-    assert 0 < retries[0].delay and run.t >= sum(r.delay for r in retries)
+    assert retries[0].delay > 0 and run.t >= sum(r.delay for r in retries)
     assert run.text == FULL
 
 

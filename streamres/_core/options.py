@@ -27,6 +27,7 @@ __all__ = [
     "check_more",
     "check_options",
     "resolve_route",
+    "single_call_routes",
 ]
 
 _DEFAULTS = {
@@ -231,3 +232,31 @@ def check_options(
         rng=rng or random.Random(),
         read_limits=read_limits or ReadLimits(),
     )
+
+
+def single_call_routes(
+    model: Any, provider: Any, base_url: str | None, api_key: str | None, continuation: Any
+) -> list[Route]:
+    """The routes of one ``stream_resilient()`` call: ``model`` is a name or a fallback chain
+    of names on the same server."""
+    names = (
+        (model,) if isinstance(model, str) else tuple(model) if isinstance(model, Sequence) else ()
+    )
+    if not names or not all(isinstance(m, str) and m for m in names):
+        raise InvalidRequest(
+            f"model must be a model name or a non-empty sequence of model names, not {model!r:.60}",
+            reason="invalid",
+        )
+    return [
+        resolve_route(
+            Route(
+                m,
+                provider=provider,
+                base_url=base_url,
+                api_key=api_key,
+                name=f"{m}#{i}",
+                continuation=continuation,
+            )
+        )
+        for i, m in enumerate(names)
+    ]

@@ -43,12 +43,11 @@ from streamres._core.machine import (
     Send,
     Wait,
 )
-from streamres._core.options import Options, check_options, resolve_route
+from streamres._core.options import Options, check_options, single_call_routes
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT
 from streamres._core.tokens import Counter, counter_for
 from streamres._fleet.fleet import Fleet
-from streamres._fleet.routes import Route
 from streamres._shell.limits import Limits
 from streamres._shell.timer import TIMEOUT, ReadTimer, clock
 
@@ -132,31 +131,11 @@ def stream_resilient(
     Raises :class:`InvalidRequest` at once for bad arguments; every other failure is raised
     while iterating, as a :class:`StreamError` carrying ``partial_text``.
     """
-    names = (
-        (model,) if isinstance(model, str) else tuple(model) if isinstance(model, Sequence) else ()
-    )
-    if not names or not all(isinstance(m, str) and m for m in names):
-        raise InvalidRequest(
-            f"model must be a model name or a non-empty sequence of model names, not {model!r:.60}",
-            reason="invalid",
-        )
+    routes = single_call_routes(model, provider, base_url, api_key, continuation)
     if client is not None and not isinstance(client, httpx.AsyncClient):
         raise InvalidRequest(
             f"client must be an httpx.AsyncClient (or None), not {client!r:.60}", reason="invalid"
         )
-    routes = [
-        resolve_route(
-            Route(
-                m,
-                provider=provider,
-                base_url=base_url,
-                api_key=api_key,
-                name=f"{m}#{i}",
-                continuation=continuation,
-            )
-        )
-        for i, m in enumerate(names)
-    ]
     # One call has no other streams to protect, so no breakers: it keeps trying until the
     # deadline. A Client shares breakers across its streams.
     fleet = Fleet(routes, breaker_threshold=1_000_000_000)
