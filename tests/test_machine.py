@@ -28,7 +28,7 @@ from streamres import (
     TextEvent,
     ToolCallEvent,
 )
-from streamres._core.classify import failure
+from streamres._core.classify import Failure, failure
 from streamres._core.machine import (
     READ,
     Acquire,
@@ -70,7 +70,8 @@ SSE_HEADERS = {"content-type": "text/event-stream"}
 class Plan:
     """What the server does with one request."""
 
-    kind: str = "ok"  # ok | capacity | at_capacity | rejected | connect | drop | stall | malformed
+    # ok | capacity | at_capacity | rejected | connect | drop | stall | malformed | truncate
+    kind: str = "ok"
     after: int = 0  # words sent before a mid-stream fault
     gap: float = 0.05  # seconds between words
     reads: list[tuple[float, bytes | None]] = field(default_factory=list)  # raw script
@@ -160,6 +161,8 @@ def script(plan: Plan, start: str, t: float) -> list[tuple[float, bytes | None]]
         out.append((t, b"data: {not json\n\n"))
     elif plan.kind == "drop":
         out.append((t, b"DROP"))
+    elif plan.kind == "truncate":
+        pass  # the end of the body, with no finish and no terminator
     elif plan.kind == "stall":
         out.append((t + 1e9, None))
     if plan.kind != "stall":
@@ -210,7 +213,7 @@ def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_0
             plan = plans[len(sends) - 1] if len(sends) <= len(plans) else Plan()
             t += 0.01
             if plan.kind == "connect":
-                fail = failure("connection", "connection refused")
+                fail = Failure("connection", "Cannot reach it — connection refused", connect=True)
                 act = m.send_failed(fail, t, queued=0.0)
             elif plan.kind in ("capacity", "at_capacity", "rejected"):
                 status, body = {
@@ -424,7 +427,9 @@ def test_retry_budget_waiters_queue_instead_of_polling() -> None:
 
 faults = st.builds(
     Plan,
-    kind=st.sampled_from(["capacity", "connect", "drop", "stall", "malformed", "at_capacity"]),
+    kind=st.sampled_from(
+        ["capacity", "connect", "drop", "stall", "malformed", "at_capacity", "truncate"]
+    ),
     after=st.integers(0, len(WORDS) - 1),
     gap=st.sampled_from([0.01, 0.2, 1.0]),
 )
@@ -459,3 +464,123 @@ def test_any_fault_plan_ends_exact_or_with_an_exact_partial(
     for ev in run.events:
         if isinstance(ev, RetryEvent | ResumeEvent):
             assert ev.delay >= 0
+
+
+# -- the rest of the policy's paths ------------------------------------------------------------
+
+
+def test_a_body_that_ends_without_its_terminal_event_is_resumed_as_truncated() -> None:
+    """Words, then the end of the body with no finish and no [DONE]: truncated, resumed."""
+    run = drive(answer(), [Plan("truncate", after=6)])
+    assert run.of(ResumeEvent)[0].reason == "truncated" and run.text == FULL
+
+
+def test_a_url_that_never_answered_is_unreachable_after_a_few_quick_tries() -> None:
+    """Connection refused from a URL never reached: three tries about a second in all, then
+    UpstreamUnreachable naming what to check."""
+    from streamres import UpstreamUnreachable
+
+    run = drive(answer(), [Plan("connect")] * 5)
+    assert isinstance(run.end, Fail) and isinstance(run.end.error, UpstreamUnreachable)
+    assert len(run.requests) == 3 and run.t < 2.0
+    assert "Check that the server is running" in str(run.end.error)
+
+
+def test_a_url_that_answered_before_is_retried_patiently() -> None:
+    """The same refusals from a URL that has answered: retried like any dropped connection."""
+    m = answer()
+    m.memory.reached.add("http://upstream.test/v1")
+    run = drive(m, [Plan("connect")] * 4)
+    assert isinstance(run.end, Finish) and len(run.requests) == 5
+
+
+class _Slots:
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.notified = 0
+
+    def release(self, route: Route) -> None:
+        self.released.append(route.model)
+
+    def notify(self) -> None:
+        self.notified += 1
+
+
+def test_a_slot_is_taken_before_the_request_and_given_back_after_it() -> None:
+    """With concurrency limits: Acquire before Send; the slot released and waiters woken when
+    the attempt's outcome is recorded."""
+    slots = _Slots()
+    m = Answer(options(), now=0.0, slots=slots)
+    act = m.start_answer(0.0)
+    assert isinstance(act, Acquire) and act.until == 60.0
+    act = m.acquired(True, 0.5, queued=0.5)
+    assert isinstance(act, Send) and not slots.released
+    act = m.started(529, {"content-type": "application/json"}, 0.6, queued=0.0)
+    act = m.body(b'{"error":{"type":"overloaded_error"}}', 0.6, wall=0.0)
+    assert slots.released == ["m0"] and slots.notified == 1
+    assert m.fleet.metrics()["m0#0"].queued_seconds == 0.5
+
+
+def test_no_slot_before_the_deadline_gives_up_as_a_deadline() -> None:
+    """A slot that never came: DeadlineExceeded naming max_in_flight; the probe given back."""
+    slots = _Slots()
+    m = Answer(options(), now=0.0, slots=slots)
+    m.start_answer(0.0)
+    act = m.acquired(False, 60.0, queued=60.0)
+    assert isinstance(act, Fail) and isinstance(act.error, DeadlineExceeded)
+    assert "max_in_flight" in str(act.error) and slots.notified == 1
+
+
+def test_an_open_circuit_past_the_deadline_gives_up_saying_why() -> None:
+    """Every model's circuit open for longer than the time left: DeadlineExceeded at once,
+    naming each model and how long its circuit stays open."""
+    routes = [
+        resolve_route(Route(f"m{i}", base_url="http://u.test/v1", api_key="k", name=f"m{i}#{i}"))
+        for i in range(2)
+    ]
+    fleet = Fleet(routes, breaker_threshold=1, breaker_recovery=100.0)
+    for i in range(2):
+        fleet.failed(i, 0.0, "capacity", ttft=None, retry_after=None)
+    act = Answer(options(fleet=fleet, deadline=10.0), now=1.0).start_answer(1.0)
+    assert isinstance(act, Fail) and isinstance(act.error, DeadlineExceeded)
+    assert "m0 circuit open for 99 s" in str(act.error) and "m1 circuit open" in str(act.error)
+
+
+def test_an_open_circuit_that_reopens_in_time_is_waited_for() -> None:
+    """A circuit that half-opens before the deadline: a busy RetryEvent, a wait until then, and
+    the probe goes out."""
+    routes = [resolve_route(Route("m0", base_url="http://u.test/v1", api_key="k", name="m0#0"))]
+    fleet = Fleet(routes, breaker_threshold=1, breaker_recovery=5.0)
+    fleet.failed(0, 0.0, "capacity", ttft=None, retry_after=None)
+    run = drive(Answer(options(fleet=fleet), now=1.0), [Plan()], t=1.0)
+    (busy,) = run.of(RetryEvent)
+    assert busy.reason == "circuit_open" and busy.delay == 4.0
+    assert run.text == FULL and run.requests[0].until == 61.0
+
+
+def test_unreported_counts_are_made_when_first_read() -> None:
+    """One complete attempt whose server sent no usage, no encoding loaded: the done event
+    comes without loading one; reading the usage loads it then, and counts the answer."""
+    loads: list[str] = []
+
+    def load_now(model: str) -> tuple[str, Any]:
+        loads.append(model)
+        return "approximate", approximate_tokens
+
+    m = Answer(options(), now=0.0, load_now=load_now)
+    run = drive(m, [Plan()])
+    (done,) = run.of(DoneEvent)
+    assert loads == [] and not any(isinstance(a, Load) for a in [run.end])
+    assert done.usage.delivered_tokens == approximate_tokens(FULL)
+    assert done.usage.output_tokens == approximate_tokens(FULL) and done.usage.estimated
+    assert (loads, done.usage.encoding) == (["m0"], "approximate")
+    assert m.fleet.metrics()["m0#0"].tokens_delivered == approximate_tokens(FULL)
+
+
+def test_a_bug_inside_is_a_stream_error_with_the_partial_answer() -> None:
+    """``crashed`` turns an unexpected exception into a StreamError carrying what was shown."""
+    m = answer()
+    m.parts.append("shown")
+    err = m.crashed(KeyError("x"))
+    assert err.partial_text == "shown" and "KeyError" in str(err)
+    assert "report" in str(err)
