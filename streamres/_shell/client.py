@@ -19,7 +19,7 @@ import httpx
 from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
 from streamres._core.errors import InvalidRequest
-from streamres._core.options import check_options, resolve_route
+from streamres._core.options import check_client_routes, check_options
 from streamres._core.stall import FIRST_OUTPUT
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
@@ -65,45 +65,14 @@ class Client:
         rng: random.Random | None = None,
         read_limits: ReadLimits | None = None,
     ) -> None:
-        if isinstance(routes, (str, bytes)) or not isinstance(routes, Sequence) or not routes:
-            raise InvalidRequest(
-                "a Client needs a non-empty list of streamres.Route(...)", reason="invalid"
-            )
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise InvalidRequest(
                 f"http_client must be an httpx.AsyncClient (or None), not {http_client!r:.60}",
                 reason="invalid",
             )
-        if retry_budget is not None and not isinstance(retry_budget, RetryBudget):
-            raise InvalidRequest(
-                f"retry_budget must be a streamres.RetryBudget(...), not {retry_budget!r:.60}",
-                reason="invalid",
-            )
-        limits = account_limits or {}
-        if not isinstance(limits, Mapping) or not all(
-            isinstance(k, str) and type(v) is int and v >= 1 for k, v in limits.items()
-        ):
-            raise InvalidRequest(
-                "account_limits must map account names (base URLs) to positive integers, not "
-                f"{account_limits!r:.80}",
-                reason="invalid",
-            )
-        resolved = [resolve_route(r) for r in routes]
-        keys = [r.key for r in resolved]
-        if len(set(keys)) != len(keys):
-            raise InvalidRequest(
-                f"route names must be unique ({keys}); give duplicates a name=", reason="invalid"
-            )
-        if (
-            type(breaker_threshold) is not int
-            or breaker_threshold < 1
-            or isinstance(breaker_recovery, bool)
-            or not isinstance(breaker_recovery, (int, float))
-            or breaker_recovery < 0
-        ):
-            raise InvalidRequest(
-                "breaker_threshold must be >= 1 and breaker_recovery >= 0", reason="invalid"
-            )
+        resolved = check_client_routes(
+            routes, account_limits, retry_budget, breaker_threshold, breaker_recovery
+        )
         self.routes = tuple(resolved)
         self.fleet = Fleet(
             resolved,
