@@ -98,6 +98,11 @@ class _AsyncioTimer(ReadTimer):
         self._task.cancel()
 
     async def read(self, body: AsyncIterator[bytes], deadline: float) -> bytes | _Timeout | None:
+        # The task of *this* read: a caller may pull each event from a new task
+        # (``asyncio.wait_for(anext(stream), ...)`` does), and only this one may be cancelled.
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
         self._deadline = deadline
         handle = self._handle
         if handle is None or handle.when() > deadline:
