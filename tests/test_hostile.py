@@ -328,9 +328,11 @@ async def _until_done(stream: streamres.ResilientStream) -> Any:
 
 
 async def test_deadline_mid_stream_with_one_attempt_is_a_deadline() -> None:
-    """max_attempts=1 and the deadline passing mid-stream: DeadlineExceeded (a TimeoutError)."""
+    """max_attempts=1 and the deadline passing mid-stream: DeadlineExceeded (a TimeoutError),
+    at the deadline — not at the stall limit, which is far later."""
     async with hostile([head(), chunk(openai_chunk(WORDS[0])), "hang"]) as srv:
-        _, _, err = await run(call(srv.url, deadline=0.5, stall_timeout=5, max_attempts=1))
+        with anyio.fail_after(5):  # the stall limit is 30 s: only the deadline can end it
+            _, _, err = await run(call(srv.url, deadline=0.5, stall_timeout=30, max_attempts=1))
     assert isinstance(err, TimeoutError) and isinstance(err, streamres.DeadlineExceeded)
     assert err.partial_text == WORDS[0]
 

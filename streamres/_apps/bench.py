@@ -255,6 +255,61 @@ async def _peak_memory(url: str, events: int) -> dict[str, float]:
     return out
 
 
+async def _idle_memory(url: str, streams: int) -> dict[str, float]:
+    """Python heap held per open, idle stream (KiB): ``streams`` answers each past its first
+    token and waiting for the next (the upstream sends one token every 30 s)."""
+    out: dict[str, float] = {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    for name in ("streamres", "httpx-sse + json.loads"):
+        async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+            first = anyio.Event()
+            started = 0
+
+            async def one(name: str = name, first: anyio.Event = first) -> None:
+                nonlocal started
+                headers = {**_hdr(400), "x-upstream-delay": "30"}
+                if name == "streamres":
+                    events = streamres.stream_resilient(
+                        Q,
+                        model="m",
+                        base_url=url + "/v1",
+                        api_key="x",
+                        client=client,
+                        headers=headers,
+                        first_token_timeout=120,
+                        stall_timeout=120,
+                    )
+                    async with events:
+                        async for ev in events:
+                            if ev.type == "text":
+                                break
+                else:
+                    from httpx_sse import aconnect_sse
+
+                    path, body = _request(url, "openai")
+                    async with aconnect_sse(
+                        client, "POST", path, json=body, headers=headers
+                    ) as src:
+                        async for _ in src.aiter_sse():
+                            break
+                started += 1
+                if started == streams:
+                    first.set()
+                await anyio.sleep_forever()
+
+            tracemalloc.start()
+            base, _ = tracemalloc.get_traced_memory()
+            async with anyio.create_task_group() as tg:
+                for _ in range(streams):
+                    tg.start_soon(one)
+                await first.wait()
+                held, _ = tracemalloc.get_traced_memory()
+                tg.cancel_scope.cancel()
+            tracemalloc.stop()
+            out[name] = (held - base) / streams / 1024
+    return out
+
+
 # -- token ledger --------------------------------------------------------------------------
 
 
@@ -598,6 +653,8 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
         print("throughput…", file=sys.stderr)
         report["throughput"] = await _throughput(url, sizes, runs)
         report["peak_memory_kib"] = await _peak_memory(url, 2000 if args.quick else 20_000)
+        print("idle streams…", file=sys.stderr)
+        report["idle_stream_kib"] = await _idle_memory(url, 20 if args.quick else 200)
         print("first call in a fresh process…", file=sys.stderr)
         report["first_call"] = _first_calls(url, 1 if args.quick else 5)
     print("token ledger…", file=sys.stderr)
@@ -675,6 +732,10 @@ def main(argv: list[str] | None = None) -> int:
                 "note",
             ],
         )
+    )
+    print(
+        "Heap per idle open stream (KiB):",
+        {k: round(v, 1) for k, v in report["idle_stream_kib"].items()},
     )
     print("\nFirst call in a fresh process (imports excluded; median)")
     print(_table(report["first_call"], ["consumer", "ms", "rss_added_mib", "ratio_to_httpx_sse"]))
