@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 import os
 import subprocess
 import sys
+import tempfile
 
 import pexpect
 import pyte
@@ -19,6 +21,9 @@ from streamres.upstream import answer_for
 
 ENV = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_BASE_URL"))}
 ENV["TERM"] = "xterm-256color"
+ENV["PROMPT_TOOLKIT_NO_CPR"] = "1"  # pexpect is not a terminal: nothing answers its queries
+ENV["LANG"] = "C.UTF-8"
+ENV["STREAMRES_HISTORY"] = os.path.join(tempfile.mkdtemp(prefix="streamres-chat-"), "history")
 COLS, ROWS = 1000, 80
 Q = "Explain TCP slow start."
 
@@ -39,7 +44,12 @@ class Chat:
             timeout=30,
         )
         self.child.logfile_read = self.raw
-        self.child.expect_exact("you> ")
+        self.prompt()
+
+    def prompt(self, word: str = "you>") -> None:
+        """Wait for a new prompt (prompt_toolkit turns bracketed paste on as each one starts,
+        and redraws the old prompt line when a question is sent)."""
+        self.child.expect("\x1b\\[\\?2004h[^\n]*" + re.escape(word))
 
     def screen(self) -> list[str]:
         screen = pyte.Screen(COLS, ROWS)
@@ -63,7 +73,7 @@ def test_mid_stream_fault_gives_the_exact_answer_and_a_passing_status_line() -> 
     chat = Chat("--faults", "error@20", "--token-delay", "0.002")
     chat.child.sendline(Q)
     chat.child.expect_exact("recovered")
-    chat.child.expect_exact("you> ")
+    chat.prompt()
     assert "resuming" in chat.raw.getvalue()
     lines = chat.screen()
     assert shown(lines, answer())
@@ -78,10 +88,10 @@ def test_ctrl_c_keeps_the_partial_and_returns_to_the_prompt() -> None:
     first_words = answer().split(" ")[:3]
     chat.child.expect_exact(" ".join(first_words))
     chat.child.sendintr()
-    chat.child.expect_exact("[interrupted")
-    chat.child.expect_exact("you> ")
+    chat.child.expect_exact("[stopped")
+    chat.prompt()
     screen = "\n".join(chat.screen())
-    partial = screen.split(Q, 1)[1].split("[interrupted", 1)[0].replace("^C", "").strip()
+    partial = screen.split(Q, 1)[1].split("[stopped", 1)[0].replace("^C", "").strip()
     assert partial and answer().startswith(partial)
     assert len(partial) < len(answer())
     chat.child.sendline("/help")
@@ -96,7 +106,7 @@ def test_health_shows_what_happened() -> None:
     chat.child.expect_exact("recovered")
     chat.child.sendline("/health")
     chat.child.expect_exact("breaker")
-    chat.child.expect_exact("you> ")
+    chat.prompt()
     table = [line for line in chat.screen() if line.startswith("demo-large")]
     assert table, chat.screen()
     cells = table[-1].split()
@@ -109,9 +119,9 @@ def test_retry_regenerates_the_last_answer() -> None:
     """/retry asks the last question again, with the same history."""
     chat = Chat("--faults", "none", "--token-delay", "0")
     chat.child.sendline(Q)
-    chat.child.expect_exact("you> ")
+    chat.prompt()
     chat.child.sendline("/retry")
-    chat.child.expect_exact("you> ")
+    chat.prompt()
     joined = "\n".join(chat.screen())
     assert joined.count(answer().split("\n")[0]) == 2
     chat.close()
@@ -168,7 +178,7 @@ def test_chinese_status_lines() -> None:
         ("x *y*", "x \x1b[0m\x1b[3my\x1b[0m"),
         ("use `f()`", "use \x1b[0m\x1b[2mf()\x1b[0m"),
         ("# Title\nbody", "\x1b[0m\x1b[1mTitle\x1b[0m\nbody"),
-        ("```py\ncode\n```\nafter", "\x1b[0m\x1b[2mcode\n\x1b[0mafter"),
+        ("```\ncode\n```\nafter", "\x1b[0m\x1b[2mcode\n\x1b[0mafter"),
     ],
 )
 def test_markdown_styles(md: str, ansi: str) -> None:
@@ -177,10 +187,29 @@ def test_markdown_styles(md: str, ansi: str) -> None:
     assert styler.feed(md) + styler.close() == ansi + "\x1b[0m"
 
 
+def test_fenced_code_with_a_language_is_highlighted_line_by_line() -> None:
+    """```python: each line comes out highlighted by Pygments once it is whole."""
+    from pygments import highlight
+    from pygments.formatters import TerminalFormatter
+    from pygments.lexers import get_lexer_by_name
+
+    styler = MarkdownStyler()
+    first = styler.feed("```python\ndef f(x):\n    return 'a'")
+    lexer = get_lexer_by_name("python", ensurenl=False, stripnl=False)
+    assert first.endswith(highlight("def f(x):\n", lexer, TerminalFormatter()))
+    assert "return" not in first  # the second line is not whole yet
+    rest = styler.feed("\n```\nafter") + styler.close()
+    assert highlight("    return 'a'\n", lexer, TerminalFormatter()) in rest
+    assert "\x1b[" in first and rest.endswith("after\x1b[0m")
+
+
 @given(st.lists(st.integers(min_value=0, max_value=60)))
 def test_markdown_styler_ignores_chunking(cuts: list[int]) -> None:
     """However the answer is split into pieces, the styled output is the same."""
-    text = "# Head\nsome **bold** and *it* and `code`\n```\nfenced *raw*\n```\nend 数据"
+    text = (
+        "# Head\nsome **bold** and *it* and `code`\n```\nfenced *raw*\n```\n"
+        "```python\nx = 1  # *no*\nprint(x)\n```\nend 数据"
+    )
     whole = MarkdownStyler()
     expected = whole.feed(text) + whole.close()
     bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
@@ -194,10 +223,10 @@ def test_faults_none_gives_a_clean_answer_from_the_next_one() -> None:
     chat = Chat("--token-delay", "0")
     chat.child.sendline("/faults none")
     chat.child.expect_exact("faults from the next answer: none")
-    chat.child.expect_exact("you> ")
+    chat.prompt()
     before = len(chat.raw.getvalue())
     chat.child.sendline(Q)
-    chat.child.expect_exact("you> ")
+    chat.prompt()
     after = chat.raw.getvalue()[before:]
     assert "⟳" not in after and "recovered" not in after
     assert shown(chat.screen(), answer())

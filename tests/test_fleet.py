@@ -162,3 +162,18 @@ def test_health_views() -> None:
     trend = assess(s, "closed")
     assert trend.status == "jammed"
     assert "latency rising" in trend.reasons
+
+
+def test_health_with_too_few_requests_says_so() -> None:
+    """Two requests, one failed: healthy, with the reason it is not judged yet (not a bare
+    "healthy" next to 50 % success)."""
+    from streamres._fleet.metrics import RouteStats, assess
+
+    stats = RouteStats()
+    stats.started()
+    stats.succeeded(ttft=0.1, latency=1.0)
+    stats.started()
+    stats.failed("capacity", ttft=None)
+    health = assess(stats, "closed")
+    assert health.status == "healthy"
+    assert health.reasons == ("too few requests to judge (2 of 5)",)

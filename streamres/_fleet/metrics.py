@@ -114,6 +114,10 @@ class RouteStats:
         self.recent.append((False, capacity, None))
 
 
+#: Recent requests needed before health is judged from them.
+_JUDGE = 5
+
+
 def assess(stats: RouteStats, breaker: str, cooldown: float = 0.0) -> Health:
     """Healthy, degraded or jammed, and why."""
     reasons: list[str] = []
@@ -122,10 +126,11 @@ def assess(stats: RouteStats, breaker: str, cooldown: float = 0.0) -> Health:
     if cooldown > 0:
         reasons.append(f"cooling down for {cooldown:.0f} s as the server asked (Retry-After)")
     recent = list(stats.recent)
-    if len(recent) < 5:
+    if len(recent) < _JUDGE:
         if reasons:
             return Health("degraded", tuple(reasons))
-        return Health("healthy", ("too few requests to judge",) if not recent else ())
+        # Healthy until shown otherwise, and saying so: 1 of 2 failed is not yet a trend.
+        return Health("healthy", (f"too few requests to judge ({len(recent)} of {_JUDGE})",))
     ok_recent = sum(r[0] for r in recent) / len(recent)
     cap_recent = sum(r[1] for r in recent) / len(recent)
     done = stats.successes + stats.failures
