@@ -1,6 +1,6 @@
 """The terminal chat, runnable from a clone: ``python demos/chat.py`` (same as ``streamres chat``).
 
-The app itself is ``streamres/chat.py``: it uses only the public API and is the example UI
+The app itself is ``streamres/chat/``: it uses only the public API and is the example UI
 integration (events in, text and one status line out).
 """
 
