@@ -9,6 +9,7 @@ microseconds; hypothesis generates whole fault plans.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -207,10 +208,15 @@ def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_0
         elif isinstance(act, Load):
             act = m.loaded("approximate", approximate_tokens, t)
         elif isinstance(act, ReadBody):
-            act = m.body(body, t, wall=0.0)
+            act = m.body(body, min(t, act.until), wall=0.0)
         elif isinstance(act, Send):
             sends.append(act)
             plan = plans[len(sends) - 1] if len(sends) <= len(plans) else Plan()
+            if t + 0.01 >= act.until:  # the header wait is bounded by the deadline
+                t = act.until
+                fail = failure("deadline", "no response headers before the deadline")
+                act = m.send_failed(fail, t, queued=0.0)
+                continue
             t += 0.01
             if plan.kind == "connect":
                 fail = Failure("connection", "Cannot reach it — connection refused", connect=True)
@@ -435,7 +441,7 @@ faults = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=int(os.environ.get("STREAMRES_MACHINE_CASES", "150")), deadline=None)
 @given(
     plans=st.lists(faults, max_size=6),
     models=st.integers(1, 3),

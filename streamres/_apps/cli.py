@@ -164,6 +164,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     sub.add_parser("chat", help="terminal chat (see `streamres chat --help`)", add_help=False)
     sub.add_parser("bench", help="benchmarks and a chaos soak (`streamres bench --help`)")
+    sub.add_parser(
+        "proxy", help="an OpenAI/Anthropic-compatible resilient endpoint", add_help=False
+    )
 
     ask = sub.add_parser(
         "ask",
@@ -237,6 +240,46 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _proxy_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="streamres proxy",
+        description="Serve OpenAI- and Anthropic-compatible endpoints whose streams survive "
+        "capacity errors: point any client's base URL here. Without --config, it fronts the "
+        "embedded upstream and its fault storm (offline).",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=port, default=8787, help="port (0: any free)")
+    p.add_argument("--config", help="routes.toml: routes, model aliases, client keys, policy")
+    p.add_argument(
+        "--faults",
+        default="storm",
+        help="embedded upstream only: none, storm, or a plan such as 529,reset@40",
+    )
+    return p
+
+
+def _proxy(argv: list[str]) -> int:
+    args = _proxy_parser().parse_args(argv)
+    _configure_logs(False)
+    from streamres.proxy import ConfigError, load, serve
+
+    try:
+        config = load(args.config) if args.config else None
+        anyio.run(serve, config, args.host, args.port, args.faults)
+    except ConfigError as exc:
+        print(f"streamres proxy: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(
+            f"streamres proxy: cannot listen on {args.host}:{args.port} — {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
@@ -247,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from streamres import chat
 
         return chat.main(argv[1:], configure=lambda: _configure_logs(False))
+    if argv[:1] == ["proxy"]:
+        return _proxy(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     _configure_logs(args.verbose)

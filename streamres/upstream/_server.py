@@ -244,6 +244,7 @@ class Upstream:
         self.open_connections = 0
         self._counters = _Counters()
         self._idle: anyio.Event | None = None
+        self._streams_done: anyio.Event | None = None
         self._bodies: dict[tuple[Any, ...], tuple[bytes, int]] = {}
         #: Background responses of /v1/responses, by id: every event, for replays.
         self._stored: dict[str, list[tuple[int, bytes, bool]]] = {}
@@ -276,6 +277,10 @@ class Upstream:
         while self.open_connections:
             self._idle = anyio.Event()
             await self._idle.wait()
+
+    def in_flight(self, model: str | None = None) -> int:
+        """Streams being served now (for one model, or in total with ``None``)."""
+        return self._counters.in_flight.get(model or "*", 0)
 
     def peak_in_flight(self, model: str | None = None) -> int:
         """Most streams served at once (for one model, or in total with ``None``)."""
@@ -654,6 +659,14 @@ class Upstream:
     def _leave(self, model: str) -> None:
         for key in (model, "*"):
             self._counters.in_flight[key] -= 1
+        if not self._counters.in_flight["*"] and self._streams_done is not None:
+            self._streams_done.set()
+
+    async def wait_streams_done(self) -> None:
+        """Return once no answer is being streamed (tests: a client's close reached here)."""
+        while self.in_flight():
+            self._streams_done = anyio.Event()
+            await self._streams_done.wait()
 
     async def _stream_body(
         self,

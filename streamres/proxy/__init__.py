@@ -1,0 +1,14 @@
+"""``streamres proxy``: uninterrupted streams for every chat UI and SDK, unchanged.
+
+An OpenAI- and Anthropic-compatible endpoint on loopback: point any client's base URL at it,
+and its answers are resumed, de-duplicated and deadline-bound, with model fallback across
+providers. Modules: ``config`` (routes.toml), ``inbound`` (a client's request in any API → one
+call), ``outbound`` (events → the client's own wire format), ``app`` (the ASGI application),
+``board`` (the health page), ``serve`` (uvicorn, the embedded default).
+"""
+
+from streamres.proxy.app import Proxy
+from streamres.proxy.config import Config, ConfigError, load
+from streamres.proxy.serve import running, serve
+
+__all__ = ["Config", "ConfigError", "Proxy", "load", "running", "serve"]

@@ -1,0 +1,378 @@
+"""The proxy as a plain ASGI application over one ``streamres.Client``.
+
+Endpoints, each in its API's own wire format, streaming and not:
+
+    POST /v1/chat/completions   OpenAI Chat Completions
+    POST /v1/messages           Anthropic Messages
+    POST /v1/responses          OpenAI Responses
+    GET  /v1/models             the model names a client may ask for
+    GET  /metrics               Prometheus
+    GET  /health                JSON: every model's health and why
+    GET  /health/stream         the same, as server-sent events once a second
+    GET  /                      the health board (a page that follows /health/stream)
+
+A streamed answer's response head is sent with its first content, so an answer that fails
+before any text can still be answered with a real status (503 and Retry-After for capacity,
+504 for the deadline) in the client's error format. After that, a failure is an in-band error
+event, after the partial answer. A client that disconnects cancels its answer at once, which
+closes the upstream stream.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+import streamres
+from streamres.proxy.board import BOARD_HTML
+from streamres.proxy.config import ClientKey, Config
+from streamres.proxy.inbound import API, BadRequest, Call, parse
+from streamres.proxy.outbound import Writer, error_body
+
+__all__ = ["Proxy"]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+_APIS: dict[str, API] = {
+    "/v1/chat/completions": "openai",
+    "/v1/messages": "anthropic",
+    "/v1/responses": "responses",
+}
+MAX_BODY = 8 * 1024 * 1024
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+
+@dataclass
+class _ClientState:
+    key: ClientKey
+    in_flight: int = 0
+    tokens: float = 0.0
+    updated: float = 0.0
+
+
+class Proxy:
+    """ASGI app: ``Proxy(client, config)`` (the client entered by whoever runs the server)."""
+
+    def __init__(self, client: streamres.Client, config: Config) -> None:
+        self.client = client
+        self.config = config
+        self.clients = [
+            _ClientState(c, tokens=float(c.requests_per_minute or 0)) for c in config.clients
+        ]
+        #: [path, model, status] of every answer request, in the order they came (the status
+        #: is 0 until it is sent).
+        self.requests: list[list[Any]] = []
+        self._metrics: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if method == "POST" and path in _APIS:
+            await self._answer(_APIS[path], scope, receive, send)
+        elif method == "GET" and path == "/v1/models":
+            await _json(send, 200, self._models())
+        elif method == "GET" and path == "/health":
+            await _json(send, 200, self.health())
+        elif method == "GET" and path == "/health/stream":
+            await self._health_stream(receive, send)
+        elif method == "GET" and path == "/metrics":
+            await self._prometheus(send)
+        elif method == "GET" and path == "/":
+            await _respond(send, 200, BOARD_HTML.encode(), "text/html; charset=utf-8")
+        else:
+            await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
+
+    # -- answers -------------------------------------------------------------------------
+
+    async def _answer(self, api: API, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        state: _ClientState | None = None
+        served: list[Any] = [scope["path"], "", 0]
+        self.requests.append(served)
+        try:
+            state = self._admit(headers)
+            call = parse(api, await _body(receive))
+            chain = self.config.models.get(call.model)
+            if chain is None:
+                raise _Refused(
+                    404,
+                    f"the model {call.model!r} does not exist here; "
+                    f"GET /v1/models lists {sorted(self.config.models)}",
+                )
+        except (_Refused, BadRequest) as exc:
+            if state is not None:
+                state.in_flight -= 1
+            status = exc.status if isinstance(exc, _Refused) else 400
+            retry = exc.retry_after if isinstance(exc, _Refused) else None
+            served[2] = status
+            await _error(send, api, status, str(exc), retry)
+            return
+        served[1] = call.model
+        try:
+            status_events = headers.get("x-streamres-status") == "events"
+            writer = Writer(call, status_events=status_events)
+            await self._run(call, chain, writer, receive, send, served)
+        finally:
+            if state is not None:
+                state.in_flight -= 1
+
+    def _admit(self, headers: dict[str, str]) -> _ClientState | None:
+        """The client's key and limits (when keys are configured): its state, or refused."""
+        if not self.clients:
+            return None
+        given = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
+        state = next(
+            (c for c in self.clients if hmac.compare_digest(c.key.key.encode(), given.encode())),
+            None,
+        )
+        if state is None:
+            raise _Refused(401, "invalid API key: give one of the proxy's client keys")
+        key = state.key
+        if key.max_in_flight is not None and state.in_flight >= key.max_in_flight:
+            raise _Refused(429, f"{key.name} has {key.max_in_flight} answers in flight", 1.0)
+        if key.requests_per_minute:
+            now = time.monotonic()
+            rate = key.requests_per_minute / 60.0
+            state.tokens = min(
+                float(key.requests_per_minute), state.tokens + (now - state.updated) * rate
+            )
+            state.updated = now
+            if state.tokens < 1.0:
+                wait = (1.0 - state.tokens) / rate
+                raise _Refused(
+                    429, f"{key.name} is over {key.requests_per_minute} requests a minute", wait
+                )
+            state.tokens -= 1.0
+        state.in_flight += 1
+        return state
+
+    async def _run(
+        self,
+        call: Call,
+        chain: list[str],
+        writer: Writer,
+        receive: Receive,
+        send: Send,
+        served: list[Any],
+    ) -> None:
+        """Stream (or collect) the answer; ``served[2]``: the HTTP status sent."""
+        kwargs: dict[str, Any] = dict(call.params)
+        if call.max_tokens is not None:
+            kwargs["max_tokens"] = call.max_tokens
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
+            try:
+                await self._relay(call, chain, kwargs, writer, send, served)
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _relay(
+        self,
+        call: Call,
+        chain: list[str],
+        kwargs: dict[str, Any],
+        writer: Writer,
+        send: Send,
+        served: list[Any],
+    ) -> None:
+        started = False
+        pending: list[bytes] = []
+
+        async def out(data: bytes) -> None:
+            nonlocal started
+            if not started:
+                started = True
+                served[2] = 200
+                await _start(send, 200, "text/event-stream")
+                data = writer.start() + b"".join(pending) + data
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        try:
+            async with self.client.stream(call.messages, model=chain, **kwargs) as events:
+                async for ev in events:
+                    if not call.stream:
+                        if ev.type == "done":
+                            served[2] = 200
+                            await _respond(send, 200, writer.body(ev), "application/json")
+                            return
+                        continue
+                    if ev.type == "text":
+                        await out(writer.text(ev.text))
+                    elif ev.type == "thinking":
+                        await out(writer.thinking(ev.text))
+                    elif ev.type == "tool_call":
+                        await out(writer.tool_call(ev))
+                    elif ev.type == "done":
+                        await out(writer.done(ev))
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        return
+                    elif started:
+                        await out(writer.status(ev))
+                    else:
+                        pending.append(writer.status(ev))
+        except streamres.StreamError as exc:
+            if started:
+                await out(writer.failed(exc))
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            status, retry = _status_of(exc)
+            served[2] = status
+            await _error(send, call.api, status, str(exc), retry)
+
+    # -- the rest ------------------------------------------------------------------------
+
+    def _models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "streamres"}
+                for name in self.config.models
+            ],
+        }
+
+    def health(self) -> dict[str, Any]:
+        """Every model's health, with its reasons and the figures behind them."""
+        models = {}
+        for name, m in self.client.metrics().items():
+            models[name] = {
+                "model": m.model,
+                "status": m.health.status,
+                "reasons": list(m.health.reasons),
+                "breaker": m.breaker,
+                "weight": round(m.weight, 3),
+                "requests": m.requests,
+                "success_rate": m.success_rate,
+                "capacity_errors": m.capacity_errors,
+                "stalls": m.stalls,
+                "resumes": m.resumes,
+                "in_flight": m.in_flight,
+                "ttft_p50": m.ttft_p50,
+                "latency_p95": m.latency_p95,
+            }
+        return {"models": models, "aliases": self.config.models, "time": time.time()}
+
+    async def _health_stream(self, receive: Receive, send: Send) -> None:
+        await _start(send, 200, "text/event-stream")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
+            while True:
+                data = json.dumps(self.health()).encode()
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + data + b"\n\n",
+                        "more_body": True,
+                    }
+                )
+                await anyio.sleep(1.0)
+
+    async def _prometheus(self, send: Send) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, generate_latest
+        except ImportError:
+            await _json(send, 501, {"error": {"message": "pip install 'streamres[proxy]'"}})
+            return
+        if self._metrics is None:
+            from streamres.prometheus import register
+
+            self._metrics = CollectorRegistry()
+            register(self.client, self._metrics)
+        body = generate_latest(self._metrics)
+        await _respond(send, 200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+
+def _status_of(exc: streamres.StreamError) -> tuple[int, float | None]:
+    """The HTTP status for an answer that failed before any text, and a Retry-After."""
+    if isinstance(exc, streamres.RequestRejected) and exc.status_code and exc.status_code < 500:
+        return exc.status_code, None
+    if isinstance(exc, streamres.DeadlineExceeded):
+        return 504, None
+    if isinstance(exc, streamres.UpstreamUnreachable):
+        return 502, None
+    return 503, 5.0
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def _body(receive: Receive) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Refused(400, "the client went away before sending its request")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise _Refused(413, f"the request body is over {MAX_BODY // (1024 * 1024)} MiB")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _start(
+    send: Send, status: int, content_type: str, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = [(b"content-type", content_type.encode())]
+    if content_type == "text/event-stream":
+        headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+    await send(
+        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
+    )
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: str,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    await _start(send, status, content_type, extra)
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _json(send: Send, status: int, obj: Any) -> None:
+    await _respond(send, status, json.dumps(obj).encode(), "application/json")
+
+
+async def _error(
+    send: Send, api: API, status: int, message: str, retry_after: float | None
+) -> None:
+    extra = []
+    if retry_after is not None:
+        extra.append((b"retry-after", str(max(1, round(retry_after))).encode()))
+    await _respond(send, status, error_body(api, status, message), "application/json", extra)

@@ -1,0 +1,185 @@
+"""A client's request, in any of the three APIs, as one call to a ``streamres.Client``. Pure.
+
+The proxy speaks each API's own wire format to its clients; inside, every request becomes the
+same :class:`Call`: OpenAI-shaped messages (tool calls and results the OpenAI way, which the
+library converts for each provider it falls back to), the model alias, the token budget, and
+the parameters passed through to the upstream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["API", "BadRequest", "Call", "parse"]
+
+API = Literal["openai", "anthropic", "responses"]
+
+#: Parameters every API shares (by its own name) that pass through to the upstream request.
+_PASS = ("temperature", "top_p", "stop", "seed", "tools", "tool_choice", "stop_sequences")
+
+
+class BadRequest(ValueError):
+    """The client's request cannot be served as written (answered with HTTP 400)."""
+
+
+@dataclass
+class Call:
+    api: API
+    model: str
+    messages: list[dict[str, Any]]
+    stream: bool
+    max_tokens: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    #: OpenAI ``stream_options.include_usage``: a final usage chunk for the client.
+    include_usage: bool = False
+
+
+def parse(api: API, raw: bytes) -> Call:
+    """The client's request body -> a :class:`Call` (:class:`BadRequest` with why)."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not JSON ({exc})") from exc
+    if not isinstance(body, Mapping):
+        raise BadRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required: a model name (GET /v1/models lists them)")
+    if api == "openai":
+        messages = _openai_messages(body.get("messages"))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    elif api == "anthropic":
+        messages = _anthropic_messages(body.get("messages"), body.get("system"))
+        max_tokens = body.get("max_tokens")
+    else:
+        messages = _responses_messages(body.get("input"), body.get("instructions"))
+        max_tokens = body.get("max_output_tokens")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise BadRequest("the token limit must be a positive integer")
+    params = {k: body[k] for k in _PASS if k in body and body[k] is not None}
+    if "stop_sequences" in params:
+        params["stop"] = params.pop("stop_sequences")
+    options = body.get("stream_options")
+    return Call(
+        api=api,
+        model=model,
+        messages=messages,
+        stream=bool(body.get("stream")),
+        max_tokens=max_tokens,
+        params=params,
+        include_usage=isinstance(options, Mapping) and bool(options.get("include_usage")),
+    )
+
+
+def _text(content: Any) -> str:
+    """Text of a content value: a string, or a list of text parts (others are dropped)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, Mapping) and p.get("type") in ("text", "input_text", "output_text")
+        )
+    return ""
+
+
+def _openai_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
+        raise BadRequest("each message needs a 'role'")
+    return [dict(m) for m in messages]
+
+
+def _anthropic_messages(messages: Any, system: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": _text(system)})
+    for m in messages:
+        if not isinstance(m, Mapping) or m.get("role") not in ("user", "assistant"):
+            raise BadRequest("each message needs a 'role' of 'user' or 'assistant'")
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append({"role": m["role"], "content": content})
+            continue
+        if not isinstance(content, list):
+            raise BadRequest("a message's content must be a string or a list of blocks")
+        text = _text(content)
+        calls = [b for b in content if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+        results = [b for b in content if isinstance(b, Mapping) and b.get("type") == "tool_result"]
+        for r in results:
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": r.get("tool_use_id"),
+                    "content": _text(r.get("content")) if r.get("content") is not None else "",
+                }
+            )
+        if calls:
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": text or None,
+                    "tool_calls": [
+                        {
+                            "id": c.get("id"),
+                            "type": "function",
+                            "function": {
+                                "name": c.get("name"),
+                                "arguments": json.dumps(c.get("input") or {}),
+                            },
+                        }
+                        for c in calls
+                    ],
+                }
+            )
+        elif text or not results:
+            out.append({"role": m["role"], "content": text})
+    return out
+
+
+def _responses_messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": _text(instructions)})
+    if isinstance(items, str):
+        return [*out, {"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise BadRequest("'input' must be a string or a non-empty list of items")
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise BadRequest("each input item must be an object")
+        kind = item.get("type", "message")
+        if kind == "message" and isinstance(item.get("role"), str):
+            role = "system" if item["role"] == "developer" else item["role"]
+            out.append({"role": role, "content": _text(item.get("content"))})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"},
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": output if isinstance(output, str) else json.dumps(output),
+                }
+            )
+        # reasoning and other item kinds carry nothing a fallback model can use: dropped
+    if not any(m["role"] == "user" for m in out):
+        raise BadRequest("'input' has no user message")
+    return out

@@ -1,0 +1,459 @@
+"""streamres events, written back in the API the client spoke. Pure: events in, bytes out.
+
+One :class:`Writer` per response. The client sees one uninterrupted stream in its own format
+— OpenAI chat completion chunks, Anthropic message events, or Responses API events — whatever
+provider served it and however many attempts it took. Recovery status goes out as SSE
+comments (``: streamres …``), which every SSE client ignores; a client that asks for them
+(``x-streamres-status: events``) gets them as ``event: streamres.status`` events instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from streamres import DoneEvent, StreamError, ToolCallEvent
+from streamres.proxy.inbound import API, Call
+
+__all__ = ["Writer", "error_body"]
+
+_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_ERROR_TYPES = {
+    400: ("invalid_request_error", "invalid_request_error"),
+    401: ("authentication_error", "invalid_api_key"),
+    404: ("not_found_error", "model_not_found"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+    503: ("overloaded_error", "server_is_overloaded"),
+    504: ("api_error", "timeout"),
+}
+
+
+def _dump(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error_body(api: API, status: int, message: str) -> bytes:
+    """An error response body in the client's own API's shape."""
+    kind, code = _ERROR_TYPES.get(status, ("api_error", "api_error"))
+    if api == "anthropic":
+        return _dump({"type": "error", "error": {"type": kind, "message": message}})
+    kind = "invalid_request_error" if status in (400, 404) else kind
+    return _dump({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+def _usage(done: DoneEvent) -> tuple[int, int]:
+    u = done.usage
+    out = u.output_tokens if u.output_tokens is not None else u.delivered_tokens
+    return (u.input_tokens or 0), out
+
+
+class Writer:
+    """Encodes one answer's events for the client."""
+
+    def __init__(self, call: Call, *, status_events: bool = False) -> None:
+        self.call = call
+        self.api = call.api
+        self.status_events = status_events
+        self.id = {
+            "openai": "chatcmpl-",
+            "anthropic": "msg_",
+            "responses": "resp_",
+        }[call.api] + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = call.model
+        self._seq = 0
+        self._block = -1  # Anthropic: index of the open content block
+        self._block_kind = ""
+        self._text: list[str] = []
+        self._items: list[dict[str, Any]] = []  # Responses: output items done so far
+        self._calls = 0
+
+    # -- SSE framing ---------------------------------------------------------------------
+
+    def _sse(self, event: str | None, obj: Any) -> bytes:
+        head = f"event: {event}\n".encode() if event else b""
+        return head + b"data: " + _dump(obj) + b"\n\n"
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return self._sse(
+            None,
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            },
+        )
+
+    def _resp(self, kind: str, **fields: Any) -> bytes:
+        obj = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return self._sse(kind, obj)
+
+    def _response(self, status: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": list(self._items),
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "error": None,
+            "incomplete_details": None,
+            **extra,
+        }
+
+    # -- the stream ----------------------------------------------------------------------
+
+    def start(self) -> bytes:
+        if self.api == "openai":
+            return self._chunk({"role": "assistant", "content": ""})
+        if self.api == "anthropic":
+            message: dict[str, Any] = {
+                "id": self.id,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 0, "output_tokens": 0},
+            }
+            return self._sse("message_start", {"type": "message_start", "message": message})
+        response = self._response("in_progress", usage=None)
+        return self._resp("response.created", response=response) + self._resp(
+            "response.in_progress", response=response
+        )
+
+    def _anthropic_block(self, kind: str, start: dict[str, Any]) -> bytes:
+        out = self._anthropic_close()
+        self._block += 1
+        self._block_kind = kind
+        return out + self._sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": self._block, "content_block": start},
+        )
+
+    def _anthropic_close(self) -> bytes:
+        if not self._block_kind:
+            return b""
+        self._block_kind = ""
+        return self._sse("content_block_stop", {"type": "content_block_stop", "index": self._block})
+
+    def _message_id(self) -> str:
+        return "msg_" + self.id.removeprefix("resp_")
+
+    def _responses_open_text(self) -> bytes:
+        if self._block_kind == "text":
+            return b""
+        self._block_kind = "text"
+        item = {
+            "id": self._message_id(),
+            "type": "message",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        idx = len(self._items)
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return self._resp("response.output_item.added", output_index=idx, item=item) + self._resp(
+            "response.content_part.added",
+            item_id=item["id"],
+            output_index=idx,
+            content_index=0,
+            part=part,
+        )
+
+    def _responses_close_text(self) -> bytes:
+        if self._block_kind != "text":
+            return b""
+        self._block_kind = ""
+        text = "".join(self._text)
+        idx = len(self._items)
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {
+            "id": self._message_id(),
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }
+        self._items.append(item)
+        ids = {"item_id": item["id"], "output_index": idx, "content_index": 0}
+        return (
+            self._resp("response.output_text.done", **ids, text=text, logprobs=[])
+            + self._resp("response.content_part.done", **ids, part=part)
+            + self._resp("response.output_item.done", output_index=idx, item=item)
+        )
+
+    def text(self, text: str) -> bytes:
+        self._text.append(text)
+        if self.api == "openai":
+            return self._chunk({"content": text})
+        if self.api == "anthropic":
+            out = b""
+            if self._block_kind != "text":
+                out = self._anthropic_block("text", {"type": "text", "text": ""})
+            return out + self._sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": self._block,
+                    "delta": {"type": "text_delta", "text": text},
+                },
+            )
+        out = self._responses_open_text()
+        return out + self._resp(
+            "response.output_text.delta",
+            item_id=self._message_id(),
+            output_index=len(self._items),
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
+
+    def thinking(self, text: str) -> bytes:
+        if self.api == "openai":
+            return self._chunk({"reasoning_content": text})
+        if self.api == "anthropic":
+            out = b""
+            if self._block_kind != "thinking":
+                out = self._anthropic_block("thinking", {"type": "thinking", "thinking": ""})
+            return out + self._sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": self._block,
+                    "delta": {"type": "thinking_delta", "thinking": text},
+                },
+            )
+        return b""  # the Responses API's reasoning summaries are not synthesised
+
+    def tool_call(self, ev: ToolCallEvent) -> bytes:
+        index = self._calls
+        self._calls += 1
+        if self.api == "openai":
+            call = {
+                "index": index,
+                "id": ev.id,
+                "type": "function",
+                "function": {"name": ev.name, "arguments": ev.arguments},
+            }
+            return self._chunk({"tool_calls": [call]})
+        if self.api == "anthropic":
+            out = self._anthropic_block(
+                "tool_use", {"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}}
+            )
+            return out + self._sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": self._block,
+                    "delta": {"type": "input_json_delta", "partial_json": ev.arguments},
+                },
+            )
+        out = self._responses_close_text()
+        idx = len(self._items)
+        item = {
+            "id": f"fc_{uuid.uuid4().hex[:24]}",
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": ev.id,
+            "name": ev.name,
+            "arguments": "",
+        }
+        done = {**item, "status": "completed", "arguments": ev.arguments}
+        self._items.append(done)
+        return (
+            out
+            + self._resp("response.output_item.added", output_index=idx, item=item)
+            + self._resp(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=idx,
+                delta=ev.arguments,
+            )
+            + self._resp(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=idx,
+                arguments=ev.arguments,
+            )
+            + self._resp("response.output_item.done", output_index=idx, item=done)
+        )
+
+    def status(self, ev: Any) -> bytes:
+        """A retry, resume or fallback: an SSE comment every client ignores, or an event."""
+        fields = {"type": ev.type, "reason": ev.reason, "attempt": ev.attempt}
+        if ev.type == "fallback":
+            fields.update(from_model=ev.from_model, to_model=ev.to_model)
+        else:
+            fields.update(delay=round(ev.delay, 3), model=ev.model)
+        if self.status_events:
+            return self._sse("streamres.status", {**fields, "message": ev.message})
+        words = " ".join(f"{k}={v}" for k, v in fields.items())
+        return f": streamres {words}\n\n".encode()
+
+    def done(self, done: DoneEvent) -> bytes:
+        inp, out = _usage(done)
+        finish = done.finish_reason
+        if self.api == "openai":
+            reason = "stop" if finish == "refusal" else finish
+            tail = self._chunk({}, reason)
+            if self.call.include_usage:
+                tail += self._sse(
+                    None,
+                    {
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": inp,
+                            "completion_tokens": out,
+                            "total_tokens": inp + out,
+                        },
+                    },
+                )
+            return tail + b"data: [DONE]\n\n"
+        if self.api == "anthropic":
+            stop = _ANTHROPIC_STOP.get(finish, finish)
+            return (
+                self._anthropic_close()
+                + self._sse(
+                    "message_delta",
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": stop, "stop_sequence": None},
+                        "usage": {"input_tokens": inp, "output_tokens": out},
+                    },
+                )
+                + self._sse("message_stop", {"type": "message_stop"})
+            )
+        out_bytes = self._responses_close_text()
+        usage = _responses_usage(inp, out)
+        if finish == "length":
+            response = self._response(
+                "incomplete", usage=usage, incomplete_details={"reason": "max_output_tokens"}
+            )
+            return out_bytes + self._resp("response.incomplete", response=response)
+        return out_bytes + self._resp(
+            "response.completed", response=self._response("completed", usage=usage)
+        )
+
+    def failed(self, exc: StreamError) -> bytes:
+        """The answer gave up after text was sent: an in-band error in the client's format."""
+        message = str(exc)
+        if self.api == "openai":
+            return self._sse(
+                None, {"error": {"message": message, "type": "api_error", "code": exc.reason}}
+            )
+        if self.api == "anthropic":
+            return self._anthropic_close() + self._sse(
+                "error", {"type": "error", "error": {"type": "api_error", "message": message}}
+            )
+        response = self._response(
+            "failed", usage=None, error={"code": "server_error", "message": message}
+        )
+        return self._responses_close_text() + self._resp("response.failed", response=response)
+
+    # -- not streamed --------------------------------------------------------------------
+
+    def body(self, done: DoneEvent) -> bytes:
+        """The whole answer as one JSON response in the client's API."""
+        inp, out = _usage(done)
+        calls = done.tool_calls
+        if self.api == "openai":
+            message: dict[str, Any] = {"role": "assistant", "content": done.text or None}
+            if done.refusal:
+                message["refusal"] = done.refusal
+            if calls:
+                message["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for c in calls
+                ]
+            reason = "stop" if done.finish_reason == "refusal" else done.finish_reason
+            return _dump(
+                {
+                    "id": self.id,
+                    "object": "chat.completion",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": reason}],
+                    "usage": {
+                        "prompt_tokens": inp,
+                        "completion_tokens": out,
+                        "total_tokens": inp + out,
+                    },
+                }
+            )
+        if self.api == "anthropic":
+            content: list[dict[str, Any]] = []
+            if done.thinking:
+                content.append({"type": "thinking", "thinking": done.thinking, "signature": ""})
+            if done.text:
+                content.append({"type": "text", "text": done.text})
+            for c in calls:
+                content.append(
+                    {"type": "tool_use", "id": c.id, "name": c.name, "input": _args(c.arguments)}
+                )
+            return _dump(
+                {
+                    "id": self.id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": self.model,
+                    "content": content,
+                    "stop_reason": _ANTHROPIC_STOP.get(done.finish_reason, done.finish_reason),
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": inp, "output_tokens": out},
+                }
+            )
+        self._text = [done.text]
+        if done.text:
+            self._block_kind = "text"
+            self._responses_close_text()
+        for c in calls:
+            self._items.append(
+                {
+                    "id": f"fc_{uuid.uuid4().hex[:24]}",
+                    "type": "function_call",
+                    "status": "completed",
+                    "call_id": c.id,
+                    "name": c.name,
+                    "arguments": c.arguments,
+                }
+            )
+        status = "incomplete" if done.finish_reason == "length" else "completed"
+        extra: dict[str, Any] = {"usage": _responses_usage(inp, out)}
+        if status == "incomplete":
+            extra["incomplete_details"] = {"reason": "max_output_tokens"}
+        return _dump(self._response(status, **extra))
+
+
+def _responses_usage(inp: int, out: int) -> dict[str, Any]:
+    return {
+        "input_tokens": inp,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": inp + out,
+    }
+
+
+def _args(text: str) -> Any:
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {}

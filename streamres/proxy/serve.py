@@ -1,0 +1,155 @@
+"""Running the proxy: a ``streamres.Client`` for the configured routes (or the embedded
+upstream), the ASGI app over it, and uvicorn serving it on loopback.
+
+uvicorn was chosen by measuring it against hypercorn on the same app (``streamres bench proxy``
+reports both): it adds less time per relayed event. Shutdown is graceful: on SIGINT/SIGTERM the
+server stops accepting, and answers in flight get ``grace`` seconds to finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+
+import streamres
+from streamres.proxy.app import Proxy
+from streamres.proxy.config import Config
+from streamres.upstream import FaultPlan, ModelSpec, Upstream
+
+__all__ = ["Running", "embedded_config", "running", "serve"]
+
+LARGE, SMALL = "demo-large", "demo-small"
+
+
+def embedded_config(up: Upstream) -> Config:
+    """The embedded upstream's two models, and ``demo``: the large one, then the small."""
+    routes = [
+        streamres.Route(LARGE, base_url=up.openai_url, api_key="demo", family="demo", size=2),
+        streamres.Route(SMALL, base_url=up.openai_url, api_key="demo", family="demo", size=1),
+    ]
+    models = {LARGE: [LARGE, SMALL], SMALL: [SMALL], "demo": [LARGE, SMALL]}
+    return Config(routes=routes, models=models, breaker_recovery=10.0)
+
+
+def storm(seed: int = 7) -> dict[str, ModelSpec]:
+    """The embedded upstream's default fault storm (as in ``streamres chat``)."""
+    return {
+        LARGE: ModelSpec(
+            faults=FaultPlan(
+                "529:retry-after=1,error@40,at-capacity*3",
+                connect_rate=0.1,
+                midstream_rate=0.25,
+                stall_rate=0.03,
+                max_after=80,
+                seed=seed,
+            )
+        ),
+        SMALL: ModelSpec(
+            faults=FaultPlan(
+                "reset@50", connect_rate=0.1, midstream_rate=0.2, max_after=80, seed=seed + 1
+            )
+        ),
+    }
+
+
+@dataclass
+class Running:
+    url: str
+    proxy: Proxy
+    upstream: Upstream | None
+    server: object
+    #: Set when the server has stopped (SIGINT/SIGTERM, or the block ended).
+    stopped: anyio.Event
+
+
+@contextlib.asynccontextmanager
+async def running(
+    config: Config | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8787,
+    faults: str = "storm",
+    token_delay: float = 0.02,
+    grace: int = 10,
+) -> AsyncIterator[Running]:
+    """The proxy serving in this event loop until the block ends (tests, embedding)."""
+    import uvicorn
+
+    from streamres._shell.stream import _load_counter
+
+    async with contextlib.AsyncExitStack() as stack:
+        up = None
+        if config is None:
+            models = (
+                storm()
+                if faults == "storm"
+                else {
+                    LARGE: ModelSpec(faults=FaultPlan(faults if faults != "none" else "")),
+                    SMALL: ModelSpec(),
+                }
+            )
+            up = await stack.enter_async_context(
+                Upstream(models=models, token_delay=token_delay, ping_interval=0.5)
+            )
+            config = embedded_config(up)
+        client = await stack.enter_async_context(
+            streamres.Client(
+                config.routes,
+                deadline=config.deadline,
+                stall_timeout=config.stall_timeout,
+                breaker_threshold=config.breaker_threshold,
+                breaker_recovery=config.breaker_recovery,
+            )
+        )
+        for route in config.routes:  # token counts are never loaded on an answer's path
+            await _load_counter(route.model)
+        app = Proxy(client, config)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                lifespan="off",
+                log_level="warning",
+                timeout_graceful_shutdown=grace,
+                access_log=False,
+            )
+        )
+        stopped = anyio.Event()
+
+        async def serve_then_flag() -> None:
+            try:
+                await server.serve()
+            finally:
+                stopped.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve_then_flag)
+            while not server.started:
+                if server.should_exit:
+                    raise OSError(f"the proxy could not listen on {host}:{port}")
+                await anyio.sleep(0.01)
+            bound = server.servers[0].sockets[0].getsockname()[1]
+            try:
+                yield Running(f"http://{host}:{bound}", app, up, server, stopped)
+            finally:
+                server.should_exit = True
+
+
+async def serve(config: Config | None, host: str, port: int, faults: str) -> None:
+    """``streamres proxy``: serve until interrupted."""
+    async with running(config, host=host, port=port, faults=faults) as run:
+        target = (
+            f"the embedded upstream (models {', '.join(run.proxy.config.models)}; faults: {faults})"
+            if run.upstream is not None
+            else ", ".join(run.proxy.config.models)
+        )
+        print(
+            f"streamres proxy on {run.url} — OpenAI base_url {run.url}/v1, Anthropic base_url "
+            f"{run.url}; health board {run.url}/ ; serving {target}",
+            flush=True,
+        )
+        await run.stopped.wait()

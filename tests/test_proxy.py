@@ -1,0 +1,397 @@
+"""``streamres proxy`` with the official SDKs as its clients, while the upstream breaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import anyio
+import httpx
+import openai
+import pytest
+import structlog
+
+import streamres
+from streamres.proxy import Config, ConfigError, running
+from streamres.proxy.config import parse
+from streamres.upstream import FaultPlan, ModelSpec, Upstream, split_tokens
+
+pytestmark = pytest.mark.anyio
+Q = [{"role": "user", "content": "Explain TCP slow start."}]
+WRITE = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "description": "Write a file",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    },
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the official SDKs and uvicorn run on asyncio
+
+
+_MADE: list[Any] = []
+
+
+def oai(**kw: Any) -> openai.AsyncOpenAI:
+    """An OpenAI SDK client, closed after the test."""
+    client = openai.AsyncOpenAI(**kw)
+    _MADE.append(client)
+    return client
+
+
+def anth(**kw: Any) -> anthropic.AsyncAnthropic:
+    """An Anthropic SDK client, closed after the test."""
+    client = anthropic.AsyncAnthropic(**kw)
+    _MADE.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+async def _close_sdk_clients() -> AsyncIterator[None]:
+    yield
+    while _MADE:
+        await _MADE.pop().close()
+
+
+def _upstream_answer(up: Upstream) -> str:
+    return up.answer(Q)
+
+
+async def _openai_text(url: str, model: str = "demo", **kw: Any) -> tuple[str, Any]:
+    sdk = oai(base_url=url + "/v1", api_key="k")
+    stream = await sdk.chat.completions.create(
+        model=model, messages=Q, stream=True, stream_options={"include_usage": True}, **kw
+    )
+    text, usage, finish = "", None, None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return text, (usage, finish)
+
+
+async def test_openai_sdk_streams_the_exact_answer_through_mid_stream_faults() -> None:
+    """An in-band error after 20 tokens and a reset after 40: the SDK's text is the upstream's
+    whole answer, with usage and a finish reason, and it made one request (no SDK retry)."""
+    async with running(port=0, faults="error@20,reset@40", token_delay=0) as run:
+        assert run.upstream is not None
+        text, (usage, finish) = await _openai_text(run.url)
+        assert text == _upstream_answer(run.upstream)
+        assert finish == "stop" and usage is not None and usage.completion_tokens > 0
+        assert [r[0] for r in run.proxy.requests] == ["/v1/chat/completions"]
+        assert len(run.upstream.requests) == 3  # the proxy resumed twice
+
+
+async def test_anthropic_sdk_streams_the_exact_answer_served_by_an_openai_model() -> None:
+    """An Anthropic client, OpenAI-format models behind: the message events accumulate to the
+    exact answer through a 529 and a reset."""
+    async with running(port=0, faults="529,reset@30", token_delay=0) as run:
+        assert run.upstream is not None
+        sdk = anth(base_url=run.url, api_key="k")
+        async with sdk.messages.stream(model="demo", max_tokens=4000, messages=Q) as stream:
+            message = await stream.get_final_message()
+        assert message.content[0].text == _upstream_answer(run.upstream)  # type: ignore[union-attr]
+        assert message.stop_reason == "end_turn" and message.usage.output_tokens > 0
+        assert len(run.proxy.requests) == 1
+
+
+async def test_responses_api_stream_and_final_response() -> None:
+    """The Responses API: the deltas and the completed response's output_text are exact."""
+    async with running(port=0, faults="reset@25", token_delay=0) as run:
+        assert run.upstream is not None
+        sdk = oai(base_url=run.url + "/v1", api_key="k")
+        stream = await sdk.responses.create(model="demo", input=Q[0]["content"], stream=True)
+        deltas, final = "", None
+        async for ev in stream:
+            if ev.type == "response.output_text.delta":
+                deltas += ev.delta
+            elif ev.type == "response.completed":
+                final = ev.response
+        assert deltas == _upstream_answer(run.upstream)
+        assert final is not None and final.output_text == deltas
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
+async def test_not_streamed_answers_are_whole(api: str) -> None:
+    """stream=false in each API: one JSON answer with the exact text, after the faults."""
+    async with running(port=0, faults="error@15", token_delay=0) as run:
+        assert run.upstream is not None
+        want = _upstream_answer(run.upstream)
+        if api == "openai":
+            sdk = oai(base_url=run.url + "/v1", api_key="k")
+            r = await sdk.chat.completions.create(model="demo", messages=Q)
+            got = r.choices[0].message.content
+        elif api == "anthropic":
+            a = anth(base_url=run.url, api_key="k")
+            m = await a.messages.create(model="demo", max_tokens=4000, messages=Q)
+            got = m.content[0].text  # type: ignore[union-attr]
+        else:
+            sdk = oai(base_url=run.url + "/v1", api_key="k")
+            resp = await sdk.responses.create(model="demo", input=Q[0]["content"])
+            got = resp.output_text
+        assert got == want
+
+
+async def test_tool_calls_arrive_whole_through_a_fault_in_their_arguments() -> None:
+    """A reset two pieces into a tool call's arguments: the SDK's accumulated call is whole
+    (its arguments parse), and the text before it exact."""
+    async with Upstream() as probe:
+        cut = len(split_tokens(probe.answer(Q))) + 2
+    async with running(port=0, faults=f"reset@{cut}", token_delay=0) as run:
+        assert run.upstream is not None
+        sdk = oai(base_url=run.url + "/v1", api_key="k")
+        stream = await sdk.chat.completions.create(
+            model="demo-large", messages=Q, stream=True, tools=[WRITE]
+        )
+        text, calls, finish = "", {}, None
+        async for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                for tc in choice.delta.tool_calls or []:
+                    got = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                    got["name"] += tc.function.name or ""  # type: ignore[union-attr]
+                    got["arguments"] += tc.function.arguments or ""  # type: ignore[union-attr]
+                finish = choice.finish_reason or finish
+        assert text == run.upstream.answer(Q)
+        assert finish == "tool_calls" and [c["name"] for c in calls.values()] == ["write_file"]
+        args = json.loads(calls[0]["arguments"])
+        assert args["path"].startswith("notes/") and args["content"]
+        assert len(run.upstream.requests) == 2
+
+
+async def test_an_openai_client_served_by_an_anthropic_model() -> None:
+    """Routes of the other provider: an OpenAI SDK client, a Claude-shaped upstream."""
+    async with Upstream(models={"claude": ModelSpec(faults=FaultPlan("error@20"))}) as up:
+        route = streamres.Route(
+            "claude", provider="anthropic", base_url=up.anthropic_url, api_key="k"
+        )
+        config = Config(routes=[route], models={"claude": ["claude"]})
+        async with running(config, port=0) as run:
+            text, _ = await _openai_text(run.url, model="claude")
+        assert text == up.answer(Q)
+
+
+# -- what a client gets wrong -------------------------------------------------------------------
+
+
+async def test_bad_input_is_answered_in_the_callers_own_error_format() -> None:
+    """Malformed JSON 400, unknown model 404 — as each SDK's own error types, not retried."""
+    async with running(port=0, faults="none", token_delay=0) as run:
+        async with httpx.AsyncClient() as http:
+            r = await http.post(run.url + "/v1/chat/completions", content=b"{not json")
+            assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+            r = await http.post(run.url + "/v1/messages", content=b"[]")
+            assert r.status_code == 400 and r.json()["type"] == "error"
+        sdk = oai(base_url=run.url + "/v1", api_key="k", max_retries=2)
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            await sdk.chat.completions.create(model="gpt-9", messages=Q)
+        a = anth(base_url=run.url, api_key="k")
+        with pytest.raises(anthropic.NotFoundError):
+            await a.messages.create(model="gpt-9", max_tokens=10, messages=Q)
+        assert [status for *_, status in run.proxy.requests] == [400, 400, 404, 404]
+
+
+async def test_client_keys_and_their_limits() -> None:
+    """With client keys: a wrong key 401; over a client's in-flight limit 429 + Retry-After."""
+    async with Upstream(token_delay=0.05) as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "clients": [{"name": "ui", "key_env": "UI_KEY", "max_in_flight": 1}],
+        }
+        config = parse(raw, {"UI_KEY": "client-secret"})
+        async with running(config, port=0) as run:
+            bad = oai(base_url=run.url + "/v1", api_key="wrong", max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                await bad.chat.completions.create(model="m", messages=Q)
+            good = oai(base_url=run.url + "/v1", api_key="client-secret", max_retries=0)
+            first = await good.chat.completions.create(model="m", messages=Q, stream=True)
+            await first.__anext__()  # one answer in flight
+            async with httpx.AsyncClient() as http:
+                r = await http.post(
+                    run.url + "/v1/chat/completions",
+                    headers={"authorization": "Bearer client-secret"},
+                    json={"model": "m", "messages": Q},
+                )
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            await first.close()
+
+
+async def test_a_client_that_goes_away_closes_the_upstream_stream() -> None:
+    """Closing the client's stream mid-answer: the upstream sees its stream end at once."""
+    async with running(port=0, faults="none", token_delay=0.05) as run:
+        assert run.upstream is not None
+        sdk = oai(base_url=run.url + "/v1", api_key="k")
+        stream = await sdk.chat.completions.create(model="demo", messages=Q, stream=True)
+        async for _ in stream:
+            break
+        assert run.upstream.in_flight("demo-large") == 1
+        await stream.close()
+        with anyio.fail_after(2):  # the answer would take 6 s more: only the close ends it
+            await run.upstream.wait_streams_done()
+
+
+async def test_upstream_keys_never_reach_a_client_or_a_log() -> None:
+    """A route's key, echoed back by a hostile upstream, appears in no response and no log."""
+    secret = "sk-upstream-SECRET-42"
+    async with Upstream(models={"m": ModelSpec(faults=FaultPlan("401"))}) as up:
+        raw = {
+            "routes": [
+                {"name": "m", "model": "m", "base_url": up.openai_url, "api_key_env": "UP_KEY"}
+            ]
+        }
+        config = parse(raw, {"UP_KEY": secret})
+        with structlog.testing.capture_logs() as logs:
+            async with running(config, port=0) as run, httpx.AsyncClient() as http:
+                r = await http.post(
+                    run.url + "/v1/chat/completions", json={"model": "m", "messages": Q}
+                )
+                health = (await http.get(run.url + "/health")).text
+                metrics = (await http.get(run.url + "/metrics")).text
+        assert r.status_code == 401
+        for text in (r.text, health, metrics, json.dumps(logs, default=str)):
+            assert secret not in text
+
+
+async def test_models_health_and_metrics() -> None:
+    """/v1/models lists what a client may ask for; /health says why; /metrics counts."""
+    async with running(port=0, faults="none", token_delay=0) as run:
+        await _openai_text(run.url)
+        async with httpx.AsyncClient() as http:
+            models = (await http.get(run.url + "/v1/models")).json()
+            health = (await http.get(run.url + "/health")).json()
+            metrics = (await http.get(run.url + "/metrics")).text
+            board = (await http.get(run.url + "/")).text
+    assert {m["id"] for m in models["data"]} == {"demo", "demo-large", "demo-small"}
+    assert health["models"]["demo-large"]["requests"] == 1
+    assert health["models"]["demo-small"]["reasons"] == ["too few requests to judge (0 of 5)"]
+    assert 'streamres_requests_total{model="demo-large"} 1.0' in metrics
+    assert 'fetch("/health"' in board
+
+
+async def test_streams_in_flight_finish_when_the_server_stops() -> None:
+    """Shutdown while an answer streams: the answer still arrives whole (graceful)."""
+    async with running(port=0, faults="none", token_delay=0.01) as run:
+        assert run.upstream is not None
+        sdk = oai(base_url=run.url + "/v1", api_key="k")
+        stream = await sdk.chat.completions.create(model="demo", messages=Q, stream=True)
+        text = ""
+        async for chunk in stream:
+            text += chunk.choices[0].delta.content or "" if chunk.choices else ""
+            run.server.should_exit = True  # type: ignore[attr-defined]
+        assert text == _upstream_answer(run.upstream)
+
+
+async def test_a_bad_config_is_one_clear_line() -> None:
+    """Missing key variables and unknown route names are named, with what to do."""
+    with pytest.raises(ConfigError, match="environment variable NOPE is empty"):
+        parse({"routes": [{"model": "m", "api_key_env": "NOPE"}]}, {})
+    with pytest.raises(ConfigError, match=r"models.chat: a list of route names among \['m'\]"):
+        parse({"routes": [{"model": "m"}], "models": {"chat": ["x"]}}, {})
+    with pytest.raises(ConfigError, match="no \\[\\[routes\\]\\]"):
+        parse({}, {})
+    got = await anyio.run_process(
+        [sys.executable, "-m", "streamres", "proxy", "--config", "/nonexistent.toml"],
+        check=False,
+    )
+    assert got.returncode == 2 and "cannot read /nonexistent.toml" in got.stderr.decode()
+
+
+# -- real clients of another language, and a real browser ------------------------------------
+
+NODE_CLIENT = textwrap.dedent(
+    """
+    const OpenAI = require("openai");
+    (async () => {
+      const client = new OpenAI({ baseURL: process.argv[2], apiKey: "k" });
+      const stream = await client.chat.completions.create({
+        model: "demo", messages: [{ role: "user", content: "Explain TCP slow start." }],
+        stream: true,
+      });
+      let text = "";
+      for await (const chunk of stream) text += chunk.choices[0]?.delta?.content || "";
+      process.stdout.write(JSON.stringify({ text }));
+    })().catch((e) => { console.error(e); process.exit(1); });
+    """
+)
+
+
+def _node_openai() -> Path | None:
+    """A directory with the openai npm package installed (STREAMRES_NODE_OPENAI, or npm)."""
+    if shutil.which("node") is None:
+        return None
+    explicit = os.environ.get("STREAMRES_NODE_OPENAI")
+    if explicit and (Path(explicit) / "node_modules" / "openai").exists():
+        return Path(explicit)
+    here = Path(__file__).parent / ".node"
+    if (here / "node_modules" / "openai").exists():
+        return here
+    if shutil.which("npm") is None:
+        return None
+    here.mkdir(exist_ok=True)
+    done = subprocess.run(
+        ["npm", "install", "--silent", "--no-audit", "--no-fund", "openai@4"],
+        cwd=here,
+        capture_output=True,
+        timeout=300,
+    )
+    return here if done.returncode == 0 else None
+
+
+async def test_the_openai_npm_package_streams_the_exact_answer() -> None:
+    """The official openai package under Node, through faults: the exact answer."""
+    where = _node_openai()
+    if where is None:
+        pytest.skip("node and npm are not on this machine")
+    (where / "client.js").write_text(NODE_CLIENT, encoding="utf-8")
+    async with running(port=0, faults="error@20,reset@40", token_delay=0) as run:
+        assert run.upstream is not None
+        done = await anyio.run_process(
+            ["node", str(where / "client.js"), run.url + "/v1"], check=False
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        assert json.loads(done.stdout)["text"] == _upstream_answer(run.upstream)
+
+
+async def test_the_health_board_shows_a_model_turning_jammed_in_a_browser() -> None:
+    """Headless Chromium opens the board during a fault storm and renders the large model as
+    jammed, with its reason."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    async with running(port=0, faults="503*40", token_delay=0) as run:
+        for _ in range(6):  # the large model fails every time; the small one answers
+            await _openai_text(run.url, model="demo")
+        assert run.proxy.health()["models"]["demo-large"]["status"] == "jammed"
+        done = await anyio.run_process(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--virtual-time-budget=4000",
+                "--dump-dom",
+                run.url + "/",
+            ],
+            check=False,
+        )
+    dom = done.stdout.decode()
+    assert 'data-model="demo-large" data-status="jammed"' in dom, dom[-2000:]
+    assert 'data-model="demo-small" data-status="healthy"' in dom
