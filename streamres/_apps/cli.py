@@ -145,6 +145,8 @@ async def _serve(args: argparse.Namespace) -> None:
         prefill=args.prefill,
         instruct=args.instruct,
         max_in_flight=args.max_in_flight,
+        framing=args.framing,
+        stamp=args.stamp,
     )
     async with up:
         print(
@@ -237,6 +239,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a sustained random storm: shares of refused connects, broken and stalled streams",
     )
     serve.add_argument("--seed", type=int, default=0, help="seed of the --chaos storm")
+    serve.add_argument(
+        "--framing",
+        choices=["batched", "event"],
+        default="batched",
+        help="batched: 32 KiB writes when not paced; event: each token its own write",
+    )
+    serve.add_argument("--stamp", action="store_true", help=argparse.SUPPRESS)  # benchmarks
     return parser
 
 
@@ -255,6 +264,12 @@ def _proxy_parser() -> argparse.ArgumentParser:
         default="storm",
         help="embedded upstream only: none, storm, or a plan such as 529,reset@40",
     )
+    p.add_argument(
+        "--server",
+        choices=["uvicorn", "hypercorn"],
+        default="uvicorn",
+        help="the ASGI server (hypercorn needs pip install hypercorn)",
+    )
     return p
 
 
@@ -265,7 +280,7 @@ def _proxy(argv: list[str]) -> int:
 
     try:
         config = load(args.config) if args.config else None
-        anyio.run(serve, config, args.host, args.port, args.faults)
+        anyio.run(serve, config, args.host, args.port, args.faults, args.server)
     except ConfigError as exc:
         print(f"streamres proxy: {exc}", file=sys.stderr)
         return 2

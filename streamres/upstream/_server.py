@@ -225,8 +225,15 @@ class Upstream:
         stall_seconds: float = 300.0,
         max_in_flight: int | None = None,
         quota_retry_after: float | None = None,
+        framing: Literal["batched", "event"] = "batched",
+        stamp: bool = False,
     ) -> None:
         self.port = port
+        #: "event": each token its own flushed write even at full speed (as real servers send).
+        self.framing = framing
+        #: Benchmarks: each text delta is the monotonic time it was written ("%.6f "), so a
+        #: client can measure each token's latency (this machine's clock is shared).
+        self.stamp = stamp
         self.faults = faults if isinstance(faults, FaultPlan) else FaultPlan(faults or "")
         self.models: dict[str, ModelSpec] = dict(models or {})
         self.prefill: PrefillBehaviour = prefill
@@ -556,7 +563,7 @@ class Upstream:
         if "x-upstream-delay" in headers:  # seconds between tokens, each its own write
             delay = float(headers["x-upstream-delay"])
         #: "event": each token its own write, at once (as a server relaying a fast model).
-        each = headers.get("x-upstream-framing") == "event"
+        each = headers.get("x-upstream-framing", self.framing) == "event"
         self._enter(model)
         try:
             if fault.kind == "bomb":
@@ -575,7 +582,7 @@ class Upstream:
                 self._stored[render.id] = list(render.log)
                 await self._play(conn, stream, render.log, fault, delay, render)
                 return
-            if fault.kind == "ok" and delay <= 0 and not each:
+            if fault.kind == "ok" and delay <= 0 and not each and not self.stamp:
                 # Fault-free and as fast as possible (benchmarks): render once, then only send.
                 key = (provider, model, render.include_usage, reply, max_tokens)
                 cached = self._bodies.get(key)
@@ -698,7 +705,10 @@ class Upstream:
                 buf += render.block_stop(item.block)
                 finish = "length"
                 break
-            buf += item.data
+            if self.stamp and item.delta:
+                buf += render.delta(f"{time.monotonic():.6f} ", item.block)
+            else:
+                buf += item.data
             if not item.delta:
                 continue
             emitted += 1

@@ -1,0 +1,359 @@
+"""``streamres bench proxy``: what the proxy adds, against going straight to the upstream.
+
+Every server in its own process on loopback (the embedded upstream; the proxy under uvicorn,
+and under hypercorn for comparison; LiteLLM's proxy when it is installed), clients here:
+
+- latency per token: the upstream writes each token (one flushed write each, 5 ms apart) as
+  the time it wrote it, so each token's latency is measured at the client — straight, then
+  through the proxy — and the proxy's addition is the difference of the distributions;
+- CPU per 1,000 events relayed: the proxy process's CPU time for a fast stream (one event per
+  write), next to what one bare httpx-sse client spends reading the same stream directly;
+- fan-out: N concurrent slow streams through one proxy process — every answer exact, the
+  proxy's peak RSS and CPU;
+- mid-stream faults through each proxy: is the answer the client gets the upstream's text?
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+
+from streamres.upstream import answer_for
+
+__all__ = ["main"]
+
+Q = [{"role": "user", "content": "Explain TCP slow start."}]
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@contextlib.contextmanager
+def _process(
+    argv: list[str], marker: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """A server process; yields (the URL it printed, its pid)."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{argv[:4]} exited before it served")
+            if marker in line:
+                url = next(w for w in line.split() if w.startswith("http://"))
+                yield url.rstrip("/"), proc.pid
+                return
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _upstream(*extra: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    return _process(
+        [sys.executable, "-m", "streamres", "serve", "--port", "0", *extra], "embedded upstream"
+    )
+
+
+@contextlib.contextmanager
+def _proxy(upstream: str, server: str = "uvicorn") -> Iterator[tuple[str, int]]:
+    """A proxy process in front of ``upstream``: streamres (under uvicorn or hypercorn), or
+    LiteLLM's (``server="litellm"``)."""
+    if server == "litellm":
+        with _litellm_proxy(upstream) as got:
+            yield got
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(
+            '[policy]\ndeadline = 300\n\n[[routes]]\nname = "m"\nmodel = "m"\n'
+            f'base_url = "{upstream}/v1"\n'
+        )
+        path = f.name
+    try:
+        with _process(
+            [
+                sys.executable,
+                "-m",
+                "streamres",
+                "proxy",
+                "--port",
+                "0",
+                "--config",
+                path,
+                "--server",
+                server,
+            ],
+            "streamres proxy on",
+        ) as got:
+            yield got
+    finally:
+        os.unlink(path)
+
+
+@contextlib.contextmanager
+def _litellm_proxy(upstream: str) -> Iterator[tuple[str, int]]:
+    exe = _litellm()
+    assert exe is not None
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(
+            "model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n"
+            f"      api_base: {upstream}/v1\n      api_key: x\n"
+        )
+        path = f.name
+    port = 48000 + os.getpid() % 1000
+    proc = subprocess.Popen(
+        [exe, "--config", path, "--port", str(port), "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health/liveliness", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        os.unlink(path)
+
+
+def _servers() -> list[str]:
+    return ["uvicorn", "hypercorn"] + (["litellm"] if _litellm() else [])
+
+
+def _label(server: str) -> str:
+    return "LiteLLM proxy" if server == "litellm" else f"streamres proxy ({server})"
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _read(url: str, words: int, stamps: list[float] | None = None) -> str:
+    """One streamed answer read with httpx-sse + json.loads; with ``stamps``, each token's
+    latency (arrival minus the time the upstream wrote it) is appended."""
+    from httpx_sse import aconnect_sse
+
+    text: list[str] = []
+    body = {"model": "m", "messages": Q, "stream": True}
+    headers = {"x-upstream-words": str(words)}
+    async with (
+        httpx.AsyncClient(timeout=None) as client,
+        aconnect_sse(
+            client, "POST", url + "/v1/chat/completions", json=body, headers=headers
+        ) as source,
+    ):
+        async for sse in source.aiter_sse():
+            if sse.data == "[DONE]":
+                break
+            chunk = json.loads(sse.data)
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content") or ""
+                if piece and stamps is not None:
+                    stamps.append(time.monotonic() - float(piece))
+                text.append(piece)
+    return "".join(text)
+
+
+def _q(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1e3
+
+
+async def _latency(runs: int, words: int) -> list[dict[str, Any]]:
+    rows = []
+    with _upstream("--token-delay", "0.005", "--stamp", "--words", str(words)) as (up, _):
+        direct: list[float] = []
+        for _ in range(runs):
+            await _read(up, words, direct)
+        rows.append(
+            {
+                "path": "straight to the upstream",
+                "p50_ms": _q(direct, 0.5),
+                "p99_ms": _q(direct, 0.99),
+            }
+        )
+        for server in _servers():
+            with _proxy(up, server) as (url, _pid):
+                await _read(url, 20)  # warm
+                got: list[float] = []
+                for _ in range(runs):
+                    await _read(url, words, got)
+            rows.append(
+                {
+                    "path": f"through {_label(server)}",
+                    "p50_ms": _q(got, 0.5),
+                    "p99_ms": _q(got, 0.99),
+                    "added_p50_ms": _q(got, 0.5) - _q(direct, 0.5),
+                    "added_p99_ms": _q(got, 0.99) - _q(direct, 0.99),
+                }
+            )
+    return rows
+
+
+async def _cpu(words: int) -> list[dict[str, Any]]:
+    rows = []
+    with _upstream("--framing", "event", "--words", str(words)) as (up, _):
+        want = answer_for(Q, words=words)
+        await _read(up, words)
+        c = time.process_time()
+        assert await _read(up, words) == want
+        client = time.process_time() - c
+        events = len(want.split(" "))
+        rows.append(
+            {
+                "reader": "one bare httpx-sse client",
+                "cpu_ms_per_1000_events": client / events * 1e6,
+                "ratio": 1.0,
+            }
+        )
+        for server in ("uvicorn", "hypercorn"):
+            with _proxy(up, server) as (url, pid):
+                await _read(url, words)
+                before = _cpu_seconds(pid)
+                assert await _read(url, words) == want
+                used = _cpu_seconds(pid) - before
+            rows.append(
+                {
+                    "reader": f"streamres proxy ({server}) relaying",
+                    "cpu_ms_per_1000_events": used / events * 1e6,
+                    "ratio": used / client,
+                }
+            )
+    return rows
+
+
+async def _fanout(streams: int, words: int) -> dict[str, Any]:
+    with (
+        _upstream("--token-delay", "0.02", "--words", str(words)) as (up, _),
+        _proxy(up) as (
+            url,
+            pid,
+        ),
+    ):
+        want = answer_for(Q, words=words)
+        results: list[bool] = []
+        before = _cpu_seconds(pid)
+        started = time.perf_counter()
+
+        async def one() -> None:
+            try:
+                results.append(await _read(url, words) == want)
+            except httpx.HTTPError:
+                results.append(False)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(streams):
+                tg.start_soon(one)
+        return {
+            "streams": streams,
+            "exact": sum(results),
+            "wall_s": time.perf_counter() - started,
+            "proxy_cpu_s": _cpu_seconds(pid) - before,
+            "proxy_peak_rss_mib": _peak_rss_mib(pid),
+        }
+
+
+def _litellm() -> str | None:
+    exe = os.environ.get("STREAMRES_LITELLM") or shutil.which("litellm")
+    return exe
+
+
+async def _faults_through(words: int) -> list[dict[str, Any]]:
+    """An in-band error after 20 tokens and a reset after 40: what each proxy's client gets."""
+    rows = []
+    want = answer_for(Q, words=words)
+    for server in ["uvicorn"] + (["litellm"] if _litellm() else []):
+        # A fresh upstream for each: the faults are the first requests'.
+        with _upstream("--faults", "error@20,reset@40", "--words", str(words)) as (up, _):
+            with _proxy(up, server) as (url, _pid):
+                try:
+                    got = await _read(url, words)
+                    outcome = (
+                        "exact" if got == want else f"inexact: {len(got)} of {len(want)} characters"
+                    )
+                except httpx.HTTPError as exc:
+                    outcome = f"failed: {type(exc).__name__}"
+            rows.append({"proxy": _label(server), "client_got": outcome})
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+
+    def fmt(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    widths = {c: max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
+    lines += ["  ".join(fmt(r.get(c, "")).ljust(widths[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+async def _all(args: argparse.Namespace) -> dict[str, Any]:
+    quick = args.quick
+    report: dict[str, Any] = {}
+    print("latency per token…", file=sys.stderr)
+    report["latency"] = await _latency(1 if quick else 5, 60 if quick else 200)
+    print("CPU per event…", file=sys.stderr)
+    report["cpu"] = await _cpu(200 if quick else 4000)
+    print(f"{args.streams} concurrent streams…", file=sys.stderr)
+    report["fanout"] = await _fanout(20 if quick else args.streams, 40)
+    print("mid-stream faults…", file=sys.stderr)
+    report["faults"] = await _faults_through(60)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="streamres bench proxy", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes, one run (a smoke test)")
+    p.add_argument("--streams", type=int, default=1000, help="concurrent streams in the fan-out")
+    p.add_argument("--json", default="bench-proxy.json", help="where to write the results")
+    args = p.parse_args(argv)
+    report = anyio.run(_all, args)
+    print("\nLatency per token (ms; the upstream writes one token every 5 ms)")
+    print(_table(report["latency"]))
+    print("\nCPU per 1,000 events")
+    print(_table(report["cpu"]))
+    print("\nFan-out")
+    print(_table([report["fanout"]]))
+    print("\nMid-stream faults (error@20, reset@40): what the client got")
+    print(_table(report["faults"]))
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    print(f"\nwritten to {args.json}")
+    fan = report["fanout"]
+    return 0 if fan["exact"] == fan["streams"] else 1
