@@ -1,4 +1,5 @@
-"""Every Python block in the README runs as written, against `streamres serve --port 8765`."""
+"""Every Python block in the README runs as written, against `streamres serve --port 8765`
+(and `streamres proxy`, on 8787, for the blocks that talk to it)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
 PORT = 8765
+PROXY_PORT = 8787
 
 
 def _free(port: int) -> bool:
@@ -45,15 +47,38 @@ def server() -> Iterator[int]:
             proc.stdout.close()
 
 
+@pytest.fixture(scope="module")
+def proxy() -> Iterator[int]:
+    """`streamres proxy` as the README says to start it (on another port if 8787 is taken)."""
+    port = PROXY_PORT if _free(PROXY_PORT) else 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamres", "proxy", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "streamres proxy on http://127.0.0.1:PORT — ..."
+        yield int(line.split()[3].rsplit(":", 1)[1])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def test_the_readme_has_python_blocks() -> None:
     """The blocks are found (a changed fence must not make the test below vacuous)."""
     assert len(BLOCKS) >= 3
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_block_runs(block: str, server: int) -> None:
+def test_readme_block_runs(block: str, request: pytest.FixtureRequest) -> None:
     """The block runs to its end in a fresh interpreter, without an error."""
-    code = block.replace(str(PORT), str(server))
+    if str(PROXY_PORT) in block:
+        code = block.replace(str(PROXY_PORT), str(request.getfixturevalue("proxy")))
+    else:
+        code = block.replace(str(PORT), str(request.getfixturevalue("server")))
     got = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )

@@ -76,6 +76,15 @@ class CircuitBreaker:
             self.state, self.opened_at = "open", now
         return self.state
 
+    def open_until(self, until: float) -> None:
+        """Another process found this model failing (shared state): refuse it until
+        ``until``, then probe as usual. A longer refusal already in place is kept."""
+        if self.state == "open" and self.opened_at + self.recovery >= until:
+            return
+        if self.state == "half_open" and self.probe_out:
+            return  # this process's own probe is deciding
+        self.state, self.opened_at, self.probe_out = "open", until - self.recovery, False
+
     def record_neutral(self) -> None:
         """An outcome that says nothing about health (a permanent error): free the probe."""
         self.probe_out = False

@@ -7,7 +7,7 @@ changes; nothing here logs or sleeps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from streamres._core.events import Usage
@@ -63,6 +63,11 @@ class Fleet:
         ]
         self.by_key = {r.key: i for i, r in enumerate(self.routes)}
         self.budget = budget or RetryBudget()
+        #: Told of what other processes should know (shared state): ``(route, kind, until)``
+        #: with kind "open" (the breaker opened; refused until then) or "cooldown".
+        self.on_change: Callable[[int, str, float], None] | None = None
+        #: Reasons that apply to every model's health (e.g. shared state unavailable).
+        self.notes: list[str] = []
 
     # -- choosing -------------------------------------------------------------------------
 
@@ -117,6 +122,8 @@ class Fleet:
         s.stats.failed(kind, ttft=ttft)
         if retry_after is not None:
             s.cooldown_until = max(s.cooldown_until, now + min(retry_after, MAX_COOLDOWN))
+            if self.on_change is not None:
+                self.on_change(i, "cooldown", s.cooldown_until)
         if kind not in HEALTH_KINDS or (kind == "rate_limit" and retry_after is not None):
             # A permanent error says nothing of health; a 429 that says when to come back is a
             # quota's cool-down (kept above), not a broken model: neither moves the breaker.
@@ -125,7 +132,17 @@ class Fleet:
         before = s.breaker.state
         s.weight.failure()
         after = s.breaker.record_failure(now)
+        if after == "open" and before != "open" and self.on_change is not None:
+            self.on_change(i, "open", s.breaker.available_at(now))
         return after if after != before else None
+
+    def apply(self, i: int, kind: str, until: float) -> None:
+        """What another process found (shared state), in this process's clock."""
+        s = self.states[i]
+        if kind == "open":
+            s.breaker.open_until(until)
+        elif kind == "cooldown":
+            s.cooldown_until = max(s.cooldown_until, min(until, until + MAX_COOLDOWN))
 
     def queued(self, i: int, seconds: float) -> None:
         """An attempt waited ``seconds`` for a pooled connection (never a model failure)."""
@@ -178,6 +195,7 @@ class Fleet:
                 weight=s.weight.current,
                 breaker=s.breaker.state,
                 cooldown=max(0.0, s.cooldown_until - now) if now is not None else 0.0,
+                notes=tuple(self.notes),
             )
             for s in self.states
         }

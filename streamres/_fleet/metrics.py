@@ -167,8 +167,12 @@ def snapshot(
     weight: float,
     breaker: str,
     cooldown: float = 0.0,
+    notes: tuple[str, ...] = (),
 ) -> ModelMetrics:
     done = stats.successes + stats.failures
+    health = assess(stats, breaker, cooldown)
+    if notes:
+        health = Health(health.status, health.reasons + notes)
     ttft, latency = list(stats.ttft), list(stats.latency)
     return ModelMetrics(
         name=name,
@@ -195,5 +199,5 @@ def snapshot(
         cooldown=cooldown,
         weight=weight,
         breaker=breaker,
-        health=assess(stats, breaker, cooldown),
+        health=health,
     )

@@ -8,6 +8,7 @@ retry budget, and per-model metrics. ``client.stream(...)`` yields the same even
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -15,6 +16,7 @@ from typing import Any
 
 import anyio
 import httpx
+import sniffio
 
 from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
@@ -26,6 +28,7 @@ from streamres._fleet.fleet import Fleet
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
 from streamres._shell.limits import Limits
+from streamres._shell.shared import SharedState, SharedStatus
 from streamres._shell.stream import ResilientStream, _run, _shared_ssl_context
 
 __all__ = ["Client"]
@@ -64,6 +67,8 @@ class Client:
         fallback_after: int = 2,
         rng: random.Random | None = None,
         read_limits: ReadLimits | None = None,
+        shared: str | None = None,
+        shared_prefix: str = "streamres",
     ) -> None:
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise InvalidRequest(
@@ -108,12 +113,46 @@ class Client:
         self._fallback_after = fallback_after
         self._rng = rng or random.Random()
         self._read_limits = read_limits
+        if shared is not None and not (
+            isinstance(shared, str) and shared.startswith(("redis://", "rediss://", "unix://"))
+        ):
+            raise InvalidRequest(
+                f"shared must be a Redis URL (redis://host:6379/0), not {shared!r:.60}",
+                reason="invalid",
+            )
+        self._shared = shared
+        self._shared_prefix = shared_prefix
+        self._shared_state: SharedState | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
 
     async def __aenter__(self) -> Client:
         if self._http is None:
             self._http = httpx.AsyncClient(verify=await _shared_ssl_context(), timeout=None)
-        self._limits = Limits(self.routes, self._account_limits)
+        if self._shared is None:
+            self._limits = Limits(self.routes, self._account_limits)
+            return self
+        if sniffio.current_async_library() != "asyncio":
+            raise InvalidRequest(
+                "shared state on Redis needs the asyncio backend (redis-py's asyncio client)",
+                reason="invalid",
+            )
+        state = SharedState(
+            self._shared,
+            self.routes,
+            self._account_limits,
+            self.fleet,
+            prefix=self._shared_prefix,
+        )
+        self._stack = contextlib.AsyncExitStack()
+        await self._stack.enter_async_context(state.running())
+        self._shared_state = state
+        self._limits = state
         return self
+
+    def shared_status(self) -> SharedStatus | None:
+        """Shared state's URL (credentials masked), whether it is reachable, and how many slots
+        this process took on its own while it was not; ``None`` without ``shared=``."""
+        return self._shared_state.status() if self._shared_state is not None else None
 
     async def __aexit__(
         self,
@@ -122,6 +161,9 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         self._limits = None
+        if self._stack is not None:
+            stack, self._stack, self._shared_state = self._stack, None, None
+            await stack.aclose()
         if self._own_http and self._http is not None:
             await self._http.aclose()
             self._http = None

@@ -1,0 +1,349 @@
+"""Many processes, one view of the models: shared state on Redis. I/O shell.
+
+With ``Client(..., shared="redis://host:6379/0")``, every process that uses the same Redis and
+key prefix (``shared_prefix``, default ``"streamres"``: one prefix per fleet) shares:
+
+- **concurrency slots** — ``Route.max_in_flight`` and ``account_limits`` become totals across
+  the processes. A slot is a lease in a Redis sorted set (member: a lease id, score: when it
+  expires, by Redis's own clock), taken by one Lua script that drops expired leases and checks
+  every limit the request is under at once — never a read-modify-write race. Leases held by a
+  long answer are extended while it runs; a crashed process's leases expire (30 s), freeing its
+  slots. A release is published, so waiting processes try again at once;
+- **breaker openings and Retry-After cool-downs** — when a model's breaker opens (or a server
+  says when to come back), the process publishes until when the model is refused; every other
+  process applies it as it arrives (one Redis round trip later), and a process that starts
+  later reads the current state. Each process still runs its own half-open probe.
+
+Not shared (each process keeps its own): the retry budget, weights and metrics.
+
+A stream never waits on Redis longer than ``timeout`` (0.25 s). When Redis is slow or down,
+streams go on with this process's own limits and view: a warning is logged once, every
+model's health says so, and ``Client.shared_status()`` counts the slots taken locally;
+a background check rejoins when Redis answers again. Works with Redis and Valkey through
+redis-py's asyncio client, which runs on asyncio only (not trio).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from streamres._core.redact import redact_url
+from streamres._fleet.fleet import Fleet
+from streamres._fleet.routes import Route
+from streamres._shell.limits import Limits, account_of
+from streamres._shell.log import log
+
+__all__ = ["SharedState", "SharedStatus"]
+
+#: Seconds a slot's lease lasts unless extended (a crashed process frees its slots after this).
+LEASE = 30.0
+
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZCARD', key) >= tonumber(ARGV[2 + i]) then return 0 end
+end
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
+end
+return 1
+"""
+
+_EXTEND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
+end
+return 1
+"""
+
+_RELEASE = """
+for i, key in ipairs(KEYS) do redis.call('ZREM', key, ARGV[1]) end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"""
+
+#: Keep the later "refused until" of a model, and tell everyone.
+_SHARE = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (not cur) or tonumber(cur) < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('PEXPIRE', KEYS[1], 86400000)
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class SharedStatus:
+    """Where shared state lives, and whether this process can reach it."""
+
+    url: str
+    connected: bool
+    #: Slots this process took on its own while Redis was unreachable.
+    local_fallbacks: int
+
+
+class SharedState(Limits):
+    """Concurrency slots, breaker openings and cool-downs shared through Redis (see module)."""
+
+    def __init__(
+        self,
+        url: str,
+        routes: Sequence[Route],
+        account_limits: Mapping[str, int],
+        fleet: Fleet,
+        *,
+        prefix: str = "streamres",
+        timeout: float = 0.25,
+    ) -> None:
+        super().__init__(routes, account_limits)
+        self.url = url
+        self.fleet = fleet
+        self.prefix = prefix
+        self.timeout = timeout
+        self.id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.connected = True
+        self.local_fallbacks = 0
+        self._limits_of = {r.key: r.max_in_flight for r in routes}
+        self._account_limits = dict(account_limits)
+        self._held: dict[str, list[str | None]] = {}  # route -> lease ids (None: local)
+        self._leases: dict[str, list[str]] = {}  # lease id -> its keys
+        self._released = anyio.Event()
+        self._outbox_send, self._outbox = anyio.create_memory_object_stream[
+            tuple[str, list[str], list[Any]]
+        ](10_000)
+        self._redis: Any = None
+        self._channel = f"{prefix}:events"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[SharedState]:
+        import redis.asyncio as aioredis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self._redis = aioredis.from_url(
+            self.url,
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+        # Pub/sub waits for messages indefinitely: its own connection, without a read timeout.
+        self._subscriber = aioredis.from_url(
+            self.url,
+            socket_connect_timeout=self.timeout,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+        self._scripts = {
+            name: self._redis.register_script(src)
+            for name, src in (
+                ("acquire", _ACQUIRE),
+                ("extend", _EXTEND),
+                ("release", _RELEASE),
+                ("share", _SHARE),
+            )
+        }
+        self.fleet.on_change = self._share
+        try:
+            await self._load_state()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._listen)
+                tg.start_soon(self._send_outbox)
+                tg.start_soon(self._keep_leases)
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            self.fleet.on_change = None
+            self._outbox_send.close()
+            self._outbox.close()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                await self._release_all()
+                await self._redis.aclose()
+                await self._subscriber.aclose()
+
+    def status(self) -> SharedStatus:
+        return SharedStatus(redact_url(self.url), self.connected, self.local_fallbacks)
+
+    # -- Redis being there or not --------------------------------------------------------
+
+    def _lost(self, exc: BaseException) -> None:
+        if self.connected:
+            self.connected = False
+            where = redact_url(self.url)
+            log.warning("streamres.shared_unavailable", url=where, error=type(exc).__name__)
+            self.fleet.notes = [
+                f"shared state unavailable ({where}): this process's own limits and view only"
+            ]
+
+    def _back(self) -> None:
+        if not self.connected:
+            self.connected = True
+            self.fleet.notes = []
+            log.info("streamres.shared_rejoined", url=redact_url(self.url))
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """One script, bounded in time; ``None`` (and local mode) when Redis does not answer."""
+        if not self.connected:
+            return None
+        try:
+            with anyio.fail_after(self.timeout * 2):
+                got = await self._scripts[name](keys=keys, args=args)
+        except Exception as exc:  # redis errors, timeouts, a refused connection
+            self._lost(exc)
+            return None
+        return got
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _keys(self, route: Route) -> tuple[list[str], list[int]]:
+        keys, limits = [], []
+        if self._limits_of.get(route.key):
+            keys.append(f"{self.prefix}:slots:route:{route.key}")
+            limits.append(int(self._limits_of[route.key] or 0))
+        account = account_of(route)
+        if account in self._account_limits:
+            keys.append(f"{self.prefix}:slots:account:{account}")
+            limits.append(self._account_limits[account])
+        return keys, limits
+
+    async def acquire(self, route: Route, seconds: float) -> bool:
+        keys, limits = self._keys(route)
+        held = self._held.setdefault(route.key, [])
+        if not keys:
+            held.append(None)
+            return True
+        lease = uuid.uuid4().hex
+        with anyio.move_on_after(seconds):
+            while True:
+                if not self.connected:
+                    ok = await super().acquire(route, seconds)
+                    if ok:
+                        self.local_fallbacks += 1
+                        held.append(None)
+                    return ok
+                waiter = self._released
+                got = await self._call("acquire", keys, [lease, int(LEASE * 1000), *limits])
+                if got == 1:
+                    self._leases[lease] = keys
+                    held.append(lease)
+                    return True
+                if got is None:
+                    continue  # Redis just went away: the local limits take over
+                with anyio.move_on_after(0.5):  # a release elsewhere wakes this at once
+                    await waiter.wait()
+        return False
+
+    def release(self, route: Route) -> None:
+        held = self._held.get(route.key)
+        lease = held.pop() if held else None
+        if lease is None:
+            super().release(route)
+            return
+        keys = self._leases.pop(lease, [])
+        self._post("release", keys, [lease, self._channel, json.dumps({"kind": "slot"})])
+
+    def _post(self, name: str, keys: list[str], args: list[Any]) -> None:
+        with contextlib.suppress(anyio.WouldBlock):
+            self._outbox_send.send_nowait((name, keys, args))
+
+    async def _send_outbox(self) -> None:
+        async for name, keys, args in self._outbox:
+            await self._call(name, keys, args)
+
+    async def _release_all(self) -> None:
+        for lease, keys in list(self._leases.items()):
+            await self._call("release", keys, [lease, self._channel, "{}"])
+        self._leases.clear()
+
+    async def _keep_leases(self) -> None:
+        """Extend the leases of answers still running; while Redis is away, check for it."""
+        extended = anyio.current_time()
+        while True:
+            await anyio.sleep(1.0)
+            if not self.connected:
+                try:
+                    with anyio.fail_after(self.timeout * 2):
+                        await self._redis.ping()
+                except Exception:
+                    continue
+                self._back()
+                await self._load_state()
+                self.notify()
+                continue
+            if anyio.current_time() - extended >= LEASE / 3:
+                extended = anyio.current_time()
+                for lease, keys in list(self._leases.items()):
+                    await self._call("extend", keys, [lease, int(LEASE * 1000)])
+
+    # -- breaker openings and cool-downs -------------------------------------------------
+
+    def _share(self, i: int, kind: str, until: float) -> None:
+        """Fleet hook: this process found model ``i`` refusing until ``until`` (its clock)."""
+        wall = time.time() + (until - anyio.current_time())
+        route = self.fleet.routes[i].key
+        message = json.dumps({"kind": kind, "route": route, "until": wall, "from": self.id})
+        self._post(
+            "share", [f"{self.prefix}:state"], [f"{kind}:{route}", wall, self._channel, message]
+        )
+
+    def _apply(self, kind: str, route: str, wall: float) -> None:
+        i = self.fleet.by_key.get(route)
+        if i is None or wall <= time.time():
+            return
+        self.fleet.apply(i, kind, anyio.current_time() + (wall - time.time()))
+        self.notify()  # streams waiting on a model's state look again
+
+    async def _load_state(self) -> None:
+        """What other processes found before this one (or while it was cut off)."""
+        if not self.connected:
+            return
+        try:
+            with anyio.fail_after(self.timeout * 2):
+                state = await self._redis.hgetall(f"{self.prefix}:state")
+        except Exception as exc:
+            self._lost(exc)
+            return
+        for field, value in state.items():
+            kind, _, route = field.partition(":")
+            self._apply(kind, route, float(value))
+
+    async def _listen(self) -> None:
+        """Apply what other processes publish; wake slot waiters on a release. Reconnects
+        when Redis comes back."""
+        while True:
+            try:
+                async with self._subscriber.pubsub() as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    async for message in pubsub.listen():
+                        if message.get("type") != "message":
+                            continue
+                        event = json.loads(message["data"] or "{}")
+                        if event.get("kind") == "slot":
+                            self._released.set()
+                            self._released = anyio.Event()
+                        elif event.get("from") != self.id and "route" in event:
+                            self._apply(event["kind"], event["route"], float(event["until"]))
+            except Exception as exc:
+                self._lost(exc)
+            await anyio.sleep(1.0)

@@ -1,0 +1,246 @@
+"""Shared state on a real ``redis-server``: limits that hold across processes, breakers that
+open for all, and streams that go on when Redis goes away."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import streamres
+from streamres.upstream import FaultPlan, ModelSpec, Upstream
+
+pytestmark = pytest.mark.anyio
+Q = [{"role": "user", "content": "Explain TCP slow start."}]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # redis-py's asyncio client
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, that a test may stop and start again."""
+
+    def __init__(self, tmp: Path) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.skip("redis-server is not installed (apt-get install redis-server)")
+        self.exe, self.tmp, self.port = exe, tmp, _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                self.exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.tmp),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys, anyio, streamres
+    url, shared, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    Q = [{"role": "user", "content": "Explain TCP slow start."}]
+    async def main():
+        route = streamres.Route("m", base_url=url, api_key="k", account="acct")
+        async with streamres.Client(
+            [route], account_limits={"acct": 10}, shared=shared or None, deadline=120,
+            backoff=streamres.Backoff(initial=0.05, maximum=0.5),
+        ) as client:
+            texts = []
+            async def one():
+                text = ""
+                async for ev in client.stream(Q, model="m"):
+                    if ev.type == "text":
+                        text += ev.text
+                texts.append(text)
+            async with anyio.create_task_group() as tg:
+                for _ in range(n):
+                    tg.start_soon(one)
+            print(json.dumps(texts))
+    anyio.run(main)
+    """
+)
+
+
+async def _workers(url: str, shared: str, workers: int, streams: int) -> list[str]:
+    async def run(out: list[str]) -> None:
+        done = await anyio.run_process(
+            [sys.executable, "-c", WORKER, url, shared, str(streams)], check=True
+        )
+        out.extend(json.loads(done.stdout))
+
+    texts: list[str] = []
+    async with anyio.create_task_group() as tg:
+        for _ in range(workers):
+            tg.start_soon(run, texts)
+    return texts
+
+
+async def test_an_account_quota_holds_across_four_processes(redis_server: RedisServer) -> None:
+    """4 processes × 50 streams, an account quota of 10: with shared state the upstream never
+    serves more than 10 at once, and every answer is exact; each process alone keeps its own
+    10, so without sharing the upstream sees up to 40."""
+    async with Upstream(token_delay=0.01, words=30) as up:
+        texts = await _workers(up.openai_url, redis_server.url, 4, 50)
+        shared_peak = up.peak_in_flight()
+        want = up.answer(Q, words=30)
+    async with Upstream(token_delay=0.01, words=30) as up:
+        await _workers(up.openai_url, "", 4, 50)
+        alone_peak = up.peak_in_flight()
+    print(f"peak in flight at the upstream: shared {shared_peak}, per process {alone_peak}")
+    assert len(texts) == 200 and all(t == want for t in texts)
+    assert shared_peak <= 10 < alone_peak
+
+
+async def test_a_model_jammed_for_one_process_opens_for_all(redis_server: RedisServer) -> None:
+    """Three failures open the breaker in one client: another client (a process of its own
+    would do the same) refuses that model as soon as the news arrives, and a client started
+    later reads it too."""
+    async with Upstream(models={"m": ModelSpec(faults=FaultPlan("503*50"))}) as up:
+        routes = [streamres.Route("m", base_url=up.openai_url, api_key="k")]
+        kw: dict[str, Any] = {"shared": redis_server.url, "breaker_recovery": 60.0}
+        async with streamres.Client(routes, **kw) as a, streamres.Client(routes, **kw) as b:
+            with pytest.raises(streamres.StreamError):
+                async for _ in a.stream(Q, model="m", max_attempts=3, deadline=20):
+                    pass
+            assert a.metrics()["m"].breaker == "open"
+            with anyio.fail_after(2):
+                while b.metrics()["m"].breaker != "open":
+                    await b._limits.changed(0.1)  # type: ignore[union-attr]
+            async with streamres.Client(routes, **kw) as c:
+                assert c.metrics()["m"].breaker == "open"
+        requests = len(up.requests)
+    assert requests == 3  # b and c never sent one
+
+
+async def test_streams_go_on_when_redis_goes_away_and_rejoin(redis_server: RedisServer) -> None:
+    """Redis killed while answers stream and new ones start: every answer is exact, health
+    says why limits are local, and once Redis is back the state is shared again."""
+    async with Upstream(token_delay=0.005, words=40) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", max_in_flight=3)
+        async with streamres.Client([route], shared=redis_server.url) as client:
+            texts: list[str] = []
+
+            async def one() -> None:
+                text = ""
+                async for ev in client.stream(Q, model="m"):
+                    if ev.type == "text":
+                        text += ev.text
+                texts.append(text)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(12):
+                    tg.start_soon(one)
+                    if i == 4:
+                        redis_server.stop()
+            status = client.shared_status()
+            assert status is not None and not status.connected and status.local_fallbacks > 0
+            assert any("shared state unavailable" in r for r in client.health()["m"].reasons)
+            redis_server.start()
+            with anyio.fail_after(5):
+                while not client.shared_status().connected:  # type: ignore[union-attr]
+                    await client._limits.changed(0.2)  # type: ignore[union-attr]
+            assert not any("shared" in r for r in client.health()["m"].reasons)
+            await one()
+        assert len(texts) == 13 and all(t == up.answer(Q, words=40) for t in texts)
+        assert up.peak_in_flight() <= 3
+
+
+async def test_round_trips_per_stream_on_the_fault_free_path(redis_server: RedisServer) -> None:
+    """A warm answer under a shared limit costs two Redis round trips: one script takes the
+    slot, one gives it back (counted by the server: top-level script calls, nothing else)."""
+    import redis.asyncio as aioredis
+
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", max_in_flight=2)
+        probe = aioredis.from_url(redis_server.url)
+        async with (
+            probe.pubsub() as releases,
+            streamres.Client([route], shared=redis_server.url) as client,
+        ):
+            await releases.subscribe("streamres:events")
+            async for _ in client.stream(Q, model="m"):  # loads the scripts
+                pass
+            await _released(releases)
+            before = await _calls(probe)
+            async for _ in client.stream(Q, model="m"):
+                pass
+            await _released(releases)
+            after = await _calls(probe)
+        await probe.aclose()
+    used = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert used.get("cmdstat_evalsha") == 2, used
+    assert not used.get("cmdstat_eval") and not used.get("cmdstat_script"), used
+
+
+async def _calls(r: Any) -> dict[str, int]:
+    stats = await r.info("commandstats")
+    return {k: int(v["calls"]) for k, v in stats.items()}
+
+
+async def _released(pubsub: Any) -> None:
+    """The release is sent in the background: wait for its announcement."""
+    with anyio.fail_after(5):
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
+            if message and json.loads(message["data"]).get("kind") == "slot":
+                return
+
+
+def test_a_shared_url_is_checked_at_construction() -> None:
+    """A Client with shared= that is not a Redis URL: InvalidRequest at once."""
+    with pytest.raises(streamres.InvalidRequest, match="Redis URL"):
+        streamres.Client([streamres.Route("m", base_url="http://x/v1")], shared="localhost")
