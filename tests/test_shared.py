@@ -3,6 +3,7 @@ open for all, and streams that go on when Redis goes away."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -10,12 +11,15 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import streamres
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
@@ -244,3 +248,50 @@ def test_a_shared_url_is_checked_at_construction() -> None:
     """A Client with shared= that is not a Redis URL: InvalidRequest at once."""
     with pytest.raises(streamres.InvalidRequest, match="Redis URL"):
         streamres.Client([streamres.Route("m", base_url="http://x/v1")], shared="localhost")
+
+
+@settings(
+    max_examples=5,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(offsets=st.lists(st.sampled_from([0.0, 0.0005, 0.002, 0.01]), min_size=3, max_size=3))
+async def test_one_half_open_probe_across_processes(
+    redis_server: RedisServer, offsets: list[float]
+) -> None:
+    """Three clients (processes of their own would do the same) find a jammed model's circuit
+    half-open at the same moment, each starting at a drawn offset: one probe reaches the
+    upstream; the others wait for its outcome instead of sending probes of their own."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    async with Upstream(models={"m": ModelSpec(faults=FaultPlan("503*100"))}) as up:
+        routes = [streamres.Route("m", base_url=up.openai_url, api_key="k")]
+        kw: dict[str, Any] = {
+            "shared": redis_server.url,
+            "shared_prefix": prefix,
+            "breaker_threshold": 1,
+            "breaker_recovery": 1.0,
+        }
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(streamres.Client(routes, **kw)) for _ in range(3)
+            ]
+            with pytest.raises(streamres.StreamError):
+                async for _ in clients[0].stream(Q, model="m", max_attempts=1):
+                    pass
+            with anyio.fail_after(2):  # the news reaches the other two
+                for c in clients[1:]:
+                    while c.metrics()["m"].breaker != "open":
+                        await c._limits.changed(0.1)  # type: ignore[union-attr]
+            before = len(up.requests)
+            await anyio.sleep(1.0)  # the circuit's recovery time: now it is half-open everywhere
+
+            async def probe(client: streamres.Client, offset: float) -> None:
+                await anyio.sleep(offset)
+                with contextlib.suppress(streamres.StreamError):
+                    async for _ in client.stream(Q, model="m", deadline=0.25):
+                        pass
+
+            async with anyio.create_task_group() as tg:
+                for client, offset in zip(clients, offsets, strict=True):
+                    tg.start_soon(probe, client, offset)
+        assert len(up.requests) - before == 1

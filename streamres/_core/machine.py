@@ -150,6 +150,9 @@ class Send:
     connect_timeout: float
     stall: float
     until: float
+    #: This attempt is a half-open model's one probe: with shared state, the shell claims
+    #: the probe for every process first (``probe_taken`` if another process has it).
+    probe_route: Route | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,6 +496,17 @@ class Answer:
         """A read raised (the connection broke)."""
         return self._over(fail, now)
 
+    def probe_taken(self, now: float, *, until: float) -> Action:
+        """Another process is probing this half-open model: this attempt is not made; the model
+        is refused here until ``until`` (or until that probe's outcome arrives)."""
+        at = self._attempt()
+        self.fleet.not_sent(at.index, resume=bool(at.chars_before))
+        at.books = "recorded"
+        self.fleet.apply(at.index, "open", until)
+        self.abandon()
+        self.attempts -= 1
+        return self._choose(now)
+
     def abandon(self) -> None:
         """The shell leaves before the answer ended: give back what the attempt holds."""
         at, self.at = self.at, None
@@ -738,6 +752,7 @@ class Answer:
             connect_timeout=connect_timeout(at.reached),
             stall=self.stall.limit(),
             until=self.t_end,
+            probe_route=route if self.fleet.probing(at.index) else None,
         )
 
     def _decode(

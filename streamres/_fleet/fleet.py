@@ -113,6 +113,8 @@ class Fleet:
         s.stats.succeeded(ttft=ttft, latency=latency)
         s.weight.success()
         after = s.breaker.record_success(now)
+        if before != "closed" and self.on_change is not None:
+            self.on_change(i, "closed", now)
         return after if after != before else None
 
     def failed(
@@ -141,6 +143,9 @@ class Fleet:
         s = self.states[i]
         if kind == "open":
             s.breaker.open_until(until)
+        elif kind == "closed":
+            if not (s.breaker.state == "half_open" and s.breaker.probe_out):
+                s.breaker.record_success(until)
         elif kind == "cooldown":
             s.cooldown_until = max(s.cooldown_until, min(until, until + MAX_COOLDOWN))
 
@@ -157,6 +162,15 @@ class Fleet:
         """A started attempt ended without an outcome (the caller cancelled): neutral."""
         s = self.states[i]
         s.stats.in_flight -= 1
+        s.breaker.record_neutral()
+
+    def not_sent(self, i: int, *, resume: bool) -> None:
+        """A started attempt was withdrawn before its request went out (another process holds
+        the model's probe): as if it had never started."""
+        s = self.states[i]
+        s.stats.in_flight -= 1
+        s.stats.requests -= 1
+        s.stats.resumes -= resume
         s.breaker.record_neutral()
 
     def fell_back(self, from_i: int, to_i: int) -> None:

@@ -12,7 +12,10 @@ key prefix (``shared_prefix``, default ``"streamres"``: one prefix per fleet) sh
 - **breaker openings and Retry-After cool-downs** — when a model's breaker opens (or a server
   says when to come back), the process publishes until when the model is refused; every other
   process applies it as it arrives (one Redis round trip later), and a process that starts
-  later reads the current state. Each process still runs its own half-open probe.
+  later reads the current state;
+- **one half-open probe across the processes** — the process about to send a half-open model's
+  probe claims it first (``SET NX`` with a 60 s expiry); the others wait for its outcome, which
+  it publishes (the model recovered, or is refused again) and which frees the claim.
 
 Not shared (each process keeps its own): the retry budget, weights and metrics.
 
@@ -77,16 +80,36 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 
-#: Keep the later "refused until" of a model, and tell everyone.
+#: Keep the later "refused until" of a model (or, ARGV[5] = "clear", forget it: the model
+#: recovered), and tell everyone.
 _SHARE = """
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if (not cur) or tonumber(cur) < tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[5] == 'clear' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  local cur = redis.call('HGET', KEYS[1], ARGV[1])
+  if (not cur) or tonumber(cur) < tonumber(ARGV[2]) then
+    redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  end
+  redis.call('PEXPIRE', KEYS[1], 86400000)
 end
-redis.call('PEXPIRE', KEYS[1], 86400000)
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 """
+
+#: One half-open probe across the processes: -1 if this one claimed it, else the ms left on
+#: the other's claim.
+_CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return -1 end
+return redis.call('PTTL', KEYS[1])
+"""
+
+_UNCLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+#: How long a probe's claim lasts if its outcome never comes (a crashed process).
+PROBE_CLAIM = 60.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +148,7 @@ class SharedState(Limits):
         self._held: dict[str, list[str | None]] = {}  # route -> lease ids (None: local)
         self._leases: dict[str, list[str]] = {}  # lease id -> its keys
         self._released = anyio.Event()
+        self._subscribed = anyio.Event()
         self._outbox_send, self._outbox = anyio.create_memory_object_stream[
             tuple[str, list[str], list[Any]]
         ](10_000)
@@ -160,15 +184,20 @@ class SharedState(Limits):
                 ("extend", _EXTEND),
                 ("release", _RELEASE),
                 ("share", _SHARE),
+                ("claim", _CLAIM),
+                ("unclaim", _UNCLAIM),
             )
         }
         self.fleet.on_change = self._share
         try:
-            await self._load_state()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._listen)
                 tg.start_soon(self._send_outbox)
                 tg.start_soon(self._keep_leases)
+                # Subscribed first, then the state read: no news can fall in between.
+                with anyio.move_on_after(self.timeout * 4):
+                    await self._subscribed.wait()
+                await self._load_state()
                 try:
                     yield self
                 finally:
@@ -298,18 +327,33 @@ class SharedState(Limits):
 
     # -- breaker openings and cool-downs -------------------------------------------------
 
+    async def claim_probe(self, route: Route) -> float | None:
+        """Claim a half-open model's one probe for every process: ``None`` when this process
+        may send it (claimed, or Redis is away), else seconds until the other claim lapses."""
+        got = await self._call(
+            "claim",
+            [f"{self.prefix}:probe:{route.key}"],
+            [self.id, int(PROBE_CLAIM * 1000)],
+        )
+        if got is None or int(got) < 0:
+            return None
+        return max(0.05, int(got) / 1000)
+
     def _share(self, i: int, kind: str, until: float) -> None:
-        """Fleet hook: this process found model ``i`` refusing until ``until`` (its clock)."""
+        """Fleet hook: this process found model ``i`` refusing until ``until`` (its clock), or
+        recovered (``closed``): tell the others, and free its probe claim."""
         wall = time.time() + (until - anyio.current_time())
         route = self.fleet.routes[i].key
         message = json.dumps({"kind": kind, "route": route, "until": wall, "from": self.id})
-        self._post(
-            "share", [f"{self.prefix}:state"], [f"{kind}:{route}", wall, self._channel, message]
-        )
+        field = f"{'open' if kind == 'closed' else kind}:{route}"
+        mode = "clear" if kind == "closed" else "max"
+        self._post("share", [f"{self.prefix}:state"], [field, wall, self._channel, message, mode])
+        if kind in ("open", "closed"):
+            self._post("unclaim", [f"{self.prefix}:probe:{route}"], [self.id])
 
     def _apply(self, kind: str, route: str, wall: float) -> None:
         i = self.fleet.by_key.get(route)
-        if i is None or wall <= time.time():
+        if i is None or (kind != "closed" and wall <= time.time()):
             return
         self.fleet.apply(i, kind, anyio.current_time() + (wall - time.time()))
         self.notify()  # streams waiting on a model's state look again
@@ -336,6 +380,8 @@ class SharedState(Limits):
                 async with self._subscriber.pubsub() as pubsub:
                     await pubsub.subscribe(self._channel)
                     async for message in pubsub.listen():
+                        if message.get("type") == "subscribe":  # the server confirmed it
+                            self._subscribed.set()
                         if message.get("type") != "message":
                             continue
                         event = json.loads(message["data"] or "{}")

@@ -49,6 +49,7 @@ from streamres._core.stall import FIRST_OUTPUT
 from streamres._core.tokens import Counter, counter_for
 from streamres._fleet.fleet import Fleet
 from streamres._shell.limits import Limits
+from streamres._shell.shared import SharedState
 from streamres._shell.timer import TIMEOUT, ReadTimer, clock
 
 __all__ = ["ResilientStream", "stream_resilient"]
@@ -56,6 +57,9 @@ __all__ = ["ResilientStream", "stream_resilient"]
 
 Provider = Literal["openai", "anthropic", "openai-responses"]
 
+#: Longest wait for another process's probe before asking again (its outcome usually wakes
+#: this one first).
+PROBE_RECHECK = 5.0
 #: What this process remembers about servers (prefill refused; answered before).
 _MEMORY = Memory()
 # Extra request headers whose values are credentials (masked like the API key).
@@ -338,6 +342,10 @@ class _Shell:
     async def send(self, act: Send) -> object:
         m, now = self.m, self.now
         req = act.request
+        if act.probe_route is not None and isinstance(self.limits, SharedState):
+            wait = await self.limits.claim_probe(act.probe_route)
+            if wait is not None:  # another process is probing this model
+                return m.probe_taken(now(), until=now() + min(wait, PROBE_RECHECK))
         if self.client is None:
             self.client = httpx.AsyncClient(verify=await _shared_ssl_context(), timeout=None)
         try:
