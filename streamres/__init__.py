@@ -13,6 +13,7 @@
 
 from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
+from streamres._core.cache import Cache, CacheStats
 from streamres._core.continuation import CONTINUE_INSTRUCTION
 from streamres._core.errors import (
     AttemptsExhausted,
@@ -40,6 +41,7 @@ from streamres._fleet.balance import RetryBudget
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
 from streamres._shell.client import Client
+from streamres._shell.shared import SharedStatus
 from streamres._shell.stream import ResilientStream, stream_resilient
 
 __all__ = [
@@ -47,6 +49,8 @@ __all__ = [
     "Attempt",
     "AttemptsExhausted",
     "Backoff",
+    "Cache",
+    "CacheStats",
     "Client",
     "DeadlineExceeded",
     "DoneEvent",
@@ -62,6 +66,7 @@ __all__ = [
     "RetryBudget",
     "RetryEvent",
     "Route",
+    "SharedStatus",
     "StatusEvent",
     "StreamError",
     "TextEvent",

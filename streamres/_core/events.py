@@ -271,6 +271,9 @@ class DoneEvent:
     #: What the model said instead of answering, when it refused (OpenAI's ``refusal``); the
     #: finish reason is then ``"refusal"``.
     refusal: str = ""
+    #: ``"hit"``: answered from the cache (no request made); ``"joined"``: shared the stream of
+    #: an identical request already in flight; ``""``: this request's own stream.
+    cache: Literal["", "hit", "joined"] = ""
     type: Literal["done"] = field(default="done", init=False)
 
 

@@ -20,6 +20,7 @@ import sniffio
 
 from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
+from streamres._core.cache import Cache, CacheStats, cache_key
 from streamres._core.errors import InvalidRequest
 from streamres._core.options import check_client_routes, check_options
 from streamres._core.stall import FIRST_OUTPUT
@@ -27,6 +28,7 @@ from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
+from streamres._shell.flights import Flights
 from streamres._shell.limits import Limits
 from streamres._shell.shared import SharedState, SharedStatus
 from streamres._shell.stream import ResilientStream, _run, _shared_ssl_context
@@ -69,6 +71,7 @@ class Client:
         read_limits: ReadLimits | None = None,
         shared: str | None = None,
         shared_prefix: str = "streamres",
+        cache: Cache | None = None,
     ) -> None:
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise InvalidRequest(
@@ -120,6 +123,12 @@ class Client:
                 f"shared must be a Redis URL (redis://host:6379/0), not {shared!r:.60}",
                 reason="invalid",
             )
+        if cache is not None and not isinstance(cache, Cache):
+            raise InvalidRequest(
+                f"cache must be a streamres.Cache(...), not {cache!r:.60}", reason="invalid"
+            )
+        self._cache = cache
+        self._flights: Flights | None = None
         self._shared = shared
         self._shared_prefix = shared_prefix
         self._shared_state: SharedState | None = None
@@ -128,6 +137,11 @@ class Client:
     async def __aenter__(self) -> Client:
         if self._http is None:
             self._http = httpx.AsyncClient(verify=await _shared_ssl_context(), timeout=None)
+        self._stack = contextlib.AsyncExitStack()
+        if self._cache is not None:
+            tg = await self._stack.enter_async_context(anyio.create_task_group())
+            self._stack.callback(tg.cancel_scope.cancel)  # flights in progress end with the client
+            self._flights = Flights(self._cache, tg)
         if self._shared is None:
             self._limits = Limits(self.routes, self._account_limits)
             return self
@@ -143,7 +157,6 @@ class Client:
             self.fleet,
             prefix=self._shared_prefix,
         )
-        self._stack = contextlib.AsyncExitStack()
         await self._stack.enter_async_context(state.running())
         self._shared_state = state
         self._limits = state
@@ -163,6 +176,7 @@ class Client:
         self._limits = None
         if self._stack is not None:
             stack, self._stack, self._shared_state = self._stack, None, None
+            self._flights = None
             await stack.aclose()
         if self._own_http and self._http is not None:
             await self._http.aclose()
@@ -220,7 +234,20 @@ class Client:
             rng=self._rng,
             read_limits=self._read_limits,
         )
-        return ResilientStream(_run(opts, self._http, self._limits))
+        http, limits = self._http, self._limits
+        if self._flights is None:
+            return ResilientStream(_run(opts, http, limits))
+        routes = [self.fleet.routes[i].key for i in chain]
+        key = cache_key(messages, routes, max_tokens, {**more, "_headers": dict(headers or {})})
+        keep = self._flights.cache.keeps(more)
+        return ResilientStream(
+            self._flights.stream(key, keep, opts.deadline, lambda: _run(opts, http, limits))
+        )
+
+    def cache_stats(self) -> CacheStats | None:
+        """Cache hits and misses, single-flight joins, requests saved; ``None`` without a
+        ``cache=``."""
+        return self._flights.stats if self._flights is not None else None
 
     def metrics(self) -> dict[str, ModelMetrics]:
         """A snapshot of every model's metrics, by route name."""

@@ -1,0 +1,133 @@
+"""Answers kept for repeated requests: an LRU with a time to live and a size bound. Pure.
+
+Seed §4.2: the cheapest cure for "at capacity" is not to ask at all — in one Q&A app about a
+third of the requests were repeats, and answering those from a cache cut model calls by about
+a third at peak. The shell decides what may be cached (:func:`cache_key`, ``Cache``'s rules)
+and streams a kept answer back; this module only keeps them, with the time passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+__all__ = ["AnswerStore", "Cache", "CacheStats", "cache_key"]
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Cache:
+    """What a ``Client`` keeps and shares (``Client(cache=Cache(...))``).
+
+    ``ttl``: seconds an answer is kept; ``max_entries`` and ``max_chars``: bounds (the least
+    recently used go first). ``include_sampled``: also keep answers to requests with an explicit
+    ``temperature`` above 0 (off: such a request asks for a new sample each time). Requests with
+    ``tools`` are kept only with ``include_tools`` (a tool's world may have changed). ``pace``:
+    tokens per second to stream a kept answer at (``None``: at once), for UIs that animate.
+    ``single_flight``: identical requests in flight at the same time share one upstream stream.
+    """
+
+    ttl: float = 3600.0
+    max_entries: int = 1000
+    max_chars: int = 16_000_000
+    include_sampled: bool = False
+    include_tools: bool = False
+    pace: float | None = None
+    single_flight: bool = True
+
+    def __post_init__(self) -> None:
+        if self.ttl <= 0 or self.max_entries < 1 or self.max_chars < 1:
+            raise ValueError("Cache: ttl, max_entries and max_chars must be positive")
+        if self.pace is not None and self.pace <= 0:
+            raise ValueError("Cache: pace is tokens per second, above 0 (or None)")
+
+    def keeps(self, more: Mapping[str, Any]) -> bool:
+        """May an answer to a request with these extra arguments be kept?"""
+        temperature = more.get("temperature")
+        if isinstance(temperature, (int, float)) and temperature > 0 and not self.include_sampled:
+            return False
+        return not (more.get("tools") and not self.include_tools)
+
+
+@dataclass
+class CacheStats:
+    """How the cache and single-flight saved requests."""
+
+    hits: int = 0
+    misses: int = 0
+    #: Requests that joined an identical one already in flight.
+    joins: int = 0
+
+    @property
+    def requests_saved(self) -> int:
+        return self.hits + self.joins
+
+
+def cache_key(
+    messages: Sequence[Mapping[str, Any]],
+    chain: Sequence[str],
+    max_tokens: int | None,
+    more: Mapping[str, Any],
+) -> str:
+    """The identity of a request: the same messages, model chain and parameters."""
+    blob = json.dumps(
+        {"m": messages, "c": list(chain), "t": max_tokens, "p": more},
+        sort_keys=True,
+        ensure_ascii=False,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class _Entry(Generic[V]):
+    value: V
+    size: int
+    expires: float
+
+
+@dataclass
+class AnswerStore(Generic[V]):
+    """Values by key with an expiry and a total size bound (least recently used evicted)."""
+
+    ttl: float
+    max_entries: int
+    max_size: int
+    _items: OrderedDict[str, _Entry[V]] = field(default_factory=OrderedDict)
+    _size: int = 0
+
+    def get(self, key: str, now: float) -> V | None:
+        entry = self._items.get(key)
+        if entry is None:
+            return None
+        if entry.expires <= now:
+            self._drop(key)
+            return None
+        self._items.move_to_end(key)
+        return entry.value
+
+    def put(self, key: str, value: V, size: int, now: float) -> None:
+        if size > self.max_size:
+            return  # larger than the whole cache: not kept
+        if key in self._items:
+            self._drop(key)
+        self._items[key] = _Entry(value, size, now + self.ttl)
+        self._size += size
+        while len(self._items) > self.max_entries or self._size > self.max_size:
+            self._drop(next(iter(self._items)))
+
+    def _drop(self, key: str) -> None:
+        entry = self._items.pop(key)
+        self._size -= entry.size
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def size(self) -> int:
+        return self._size
