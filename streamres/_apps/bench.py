@@ -591,6 +591,58 @@ def _rss_kib() -> float:
     return 0.0
 
 
+async def _cache_replay(requests: int = 120, repeats: float = 0.3) -> list[dict[str, Any]]:
+    """A request mix with ``repeats`` of exact repeats (seeded), 20 at a time, against an
+    upstream that serves 5 streams at once and refuses more (429): with and without the cache."""
+    import random
+
+    rng = random.Random(5)
+    questions: list[str] = []
+    for i in range(requests):
+        if questions and rng.random() < repeats:
+            questions.append(rng.choice(questions))
+        else:
+            questions.append(f"Question {i}: explain TCP slow start, part {i}.")
+    rows = []
+    for label, cache in (("no cache", None), ("cache + single-flight", streamres.Cache())):
+        failed = 0
+        async with Upstream(
+            token_delay=0.005, words=40, max_in_flight=5, quota_retry_after=0.2
+        ) as up:
+            route = streamres.Route("m", base_url=up.openai_url, api_key="x")
+            async with streamres.Client(
+                [route], cache=cache, backoff=streamres.Backoff(initial=0.05, maximum=0.5)
+            ) as client:
+                sem = anyio.Semaphore(20)
+
+                async def one(q: str, sem: anyio.Semaphore = sem) -> None:
+                    nonlocal failed
+                    async with sem:
+                        try:
+                            async for _ in client.stream(
+                                [{"role": "user", "content": q}], model="m", deadline=60
+                            ):
+                                pass
+                        except streamres.StreamError:
+                            failed += 1
+
+                async with anyio.create_task_group() as tg:
+                    for q in questions:
+                        tg.start_soon(one, q)
+                stats = client.cache_stats()
+            rows.append(
+                {
+                    "setup": label,
+                    "answers": requests,
+                    "upstream_requests": len(up.requests),
+                    "capacity_errors": sum(r.status == 429 for r in up.requests),
+                    "failed_answers": failed,
+                    "saved": stats.requests_saved if stats else 0,
+                }
+            )
+    return rows
+
+
 def _peak_rss_kib() -> float:
     """This process's peak RSS. On Linux from VmHWM: ``ru_maxrss`` survives fork and exec, so
     a child started by a big parent would report the parent's peak."""
@@ -670,6 +722,8 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
     report["dedup"] = _dedup_bench.run(60 if args.quick else 400)
     print("stall detection…", file=sys.stderr)
     report["stalls"] = await _stall_detection(args.quick)
+    print("cache replay…", file=sys.stderr)
+    report["cache"] = await _cache_replay(40 if args.quick else 120)
     return report
 
 
@@ -773,6 +827,20 @@ def main(argv: list[str] | None = None) -> int:
     _print_dedup(report["dedup"])
     print("\nStall detection (default settings: the limit follows the stream's pace)")
     print(_table(report["stalls"], ["stream", "stall_to_resume_s"]))
+    print("\nA request mix with 30 % repeats, 20 at a time, upstream serving 5 at once")
+    print(
+        _table(
+            report["cache"],
+            [
+                "setup",
+                "answers",
+                "upstream_requests",
+                "capacity_errors",
+                "failed_answers",
+                "saved",
+            ],
+        )
+    )
     print("\nHostile upstreams (one attempt, client process peak RSS)")
     print(_table(report["hostile"], ["attack", "outcome", "seconds", "peak_rss_mib"]))
     with open(args.json, "w", encoding="utf-8") as f:
