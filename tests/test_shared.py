@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -295,3 +296,71 @@ async def test_one_half_open_probe_across_processes(
                 for client, offset in zip(clients, offsets, strict=True):
                     tg.start_soon(probe, client, offset)
         assert len(up.requests) - before == 1
+
+
+async def _proxy_answers(url: str, n: int, want: str) -> int:
+    """``n`` streamed answers through the proxy at once, each on its own connection; how many
+    came out exact."""
+    body = {"model": "m", "messages": Q, "stream": True}
+    exact = 0
+
+    async def one() -> None:
+        nonlocal exact
+        transport = httpx.AsyncHTTPTransport(retries=20)  # the workers may still be starting
+        async with (
+            httpx.AsyncClient(transport=transport, timeout=60) as http,
+            http.stream("POST", url + "/v1/chat/completions", json=body) as r,
+        ):
+            text = ""
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:]).get("choices") or []:
+                        text += (choice.get("delta") or {}).get("content") or ""
+        exact += text == want
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(one)
+    return exact
+
+
+async def test_proxy_workers_share_an_account_limit(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """`streamres proxy --workers 2 --redis URL`: 24 streams spread over two worker processes
+    keep an account's limit of 4 at the upstream; every answer exact."""
+    peaks = {}
+    for label, redis in (("shared", redis_server.url), ("per worker", None)):
+        async with Upstream(token_delay=0.01, words=30) as up:
+            config = tmp_path / "routes.toml"
+            config.write_text(
+                f'[[routes]]\nname = "m"\nmodel = "m"\nbase_url = "{up.openai_url}"\n'
+                'account = "acct"\n\n[accounts]\nacct = 4\n',
+                encoding="utf-8",
+            )
+            port = _free_port()
+            argv = [
+                sys.executable,
+                "-m",
+                "streamres",
+                "proxy",
+                "--config",
+                str(config),
+                "--workers",
+                "2",
+                "--port",
+                str(port),
+            ]
+            if redis:
+                argv += ["--redis", redis]
+            proc = await anyio.open_process(argv)
+            try:
+                exact = await _proxy_answers(f"http://127.0.0.1:{port}", 24, up.answer(Q, words=30))
+            finally:
+                proc.terminate()
+                await proc.wait()
+                await proc.aclose()
+            assert exact == 24
+            peaks[label] = up.peak_in_flight()
+    print(f"peak in flight at the upstream (limit 4): {peaks}")
+    assert peaks["shared"] <= 4

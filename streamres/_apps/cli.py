@@ -270,6 +270,17 @@ def _proxy_parser() -> argparse.ArgumentParser:
         default="uvicorn",
         help="the ASGI server (hypercorn needs pip install hypercorn)",
     )
+    p.add_argument(
+        "--redis",
+        help="share limits, breakers and cool-downs with other workers and proxies "
+        "(redis://host:6379/0)",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="processes serving the port (needs --config)",
+    )
     return p
 
 
@@ -277,10 +288,21 @@ def _proxy(argv: list[str]) -> int:
     args = _proxy_parser().parse_args(argv)
     _configure_logs(False)
     from streamres.proxy import ConfigError, load, serve
+    from streamres.proxy.serve import serve_workers
 
     try:
         config = load(args.config) if args.config else None
-        anyio.run(serve, config, args.host, args.port, args.faults, args.server)
+        if args.workers > 1:
+            if config is None:
+                print(
+                    "streamres proxy: --workers needs --config (each worker loads it); the "
+                    "embedded demo upstream runs with one process",
+                    file=sys.stderr,
+                )
+                return 2
+            serve_workers(args.config, args.redis, args.host, args.port, args.workers)
+            return 0
+        anyio.run(serve, config, args.host, args.port, args.faults, args.server, args.redis)
     except ConfigError as exc:
         print(f"streamres proxy: {exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,9 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     [models]                  # aliases a client may ask for -> fallback chains of routes
     chat = ["gpt", "claude"]
 
+    [accounts]                # concurrency per account (a route's account, else its base URL)
+    "https://api.openai.com/v1" = 20
+
     [[clients]]               # without any, the proxy takes no key (it listens on loopback)
     name = "ui"
     key_env = "STREAMRES_UI_KEY"
@@ -67,6 +70,8 @@ class Config:
     stall_timeout: float | None = None
     breaker_threshold: int = 3
     breaker_recovery: float = 60.0
+    #: Streams at once per account (``Client(account_limits=...)``).
+    accounts: dict[str, int] = field(default_factory=dict)
 
 
 _ROUTE_KEYS = {
@@ -144,6 +149,11 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
                 requests_per_minute=c.get("requests_per_minute"),
             )
         )
+    accounts = raw.get("accounts") or {}
+    if not isinstance(accounts, Mapping) or not all(
+        isinstance(v, int) and v >= 1 for v in accounts.values()
+    ):
+        raise ConfigError("[accounts]: account names (or base URLs) = positive integers")
     policy = raw.get("policy") or {}
     stall = policy.get("stall_timeout", 0)
     return Config(
@@ -154,4 +164,5 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         stall_timeout=float(stall) if stall else None,
         breaker_threshold=int(policy.get("breaker_threshold", 3)),
         breaker_recovery=float(policy.get("breaker_recovery", 60.0)),
+        accounts=dict(accounts),
     )

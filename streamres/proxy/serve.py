@@ -9,14 +9,17 @@ server stops accepting, and answers in flight get ``grace`` seconds to finish.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
 import streamres
+from streamres._core.redact import redact_url
 from streamres.proxy.app import Proxy
-from streamres.proxy.config import Config
+from streamres.proxy.config import Config, load
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 
 __all__ = ["Running", "embedded_config", "running", "serve"]
@@ -55,6 +58,87 @@ def storm(seed: int = 7) -> dict[str, ModelSpec]:
     }
 
 
+@contextlib.asynccontextmanager
+async def _proxy_app(config: Config, redis: str | None) -> AsyncIterator[Proxy]:
+    """The ASGI app over a client for ``config`` (shared through ``redis`` when given)."""
+    import httpx
+
+    from streamres._shell.stream import _load_counter
+
+    # One pool for every answer, without a cap: the proxy's own concurrency is its clients'.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
+    async with (
+        httpx.AsyncClient(timeout=None, limits=limits) as http,
+        streamres.Client(
+            config.routes,
+            http_client=http,
+            account_limits=config.accounts,
+            deadline=config.deadline,
+            stall_timeout=config.stall_timeout,
+            breaker_threshold=config.breaker_threshold,
+            breaker_recovery=config.breaker_recovery,
+            shared=redis,
+        ) as client,
+    ):
+        for route in config.routes:  # token counts are never loaded on an answer's path
+            await _load_counter(route.model)
+        yield Proxy(client, config)
+
+
+class WorkerApp:
+    """One uvicorn worker of ``streamres proxy --workers N``: builds its client at startup (ASGI
+    lifespan) from the configuration the parent process names in the environment."""
+
+    def __init__(self) -> None:
+        self.app: Proxy | None = None
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    config = load(os.environ["STREAMRES_PROXY_CONFIG"])
+                    redis = os.environ.get("STREAMRES_PROXY_REDIS") or None
+                    self.app = await self._stack.enter_async_context(_proxy_app(config, redis))
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self._stack.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        assert self.app is not None
+        await self.app(scope, receive, send)
+
+
+def worker_app() -> WorkerApp:
+    """uvicorn's factory for each worker process."""
+    return WorkerApp()
+
+
+def serve_workers(config_path: str, redis: str | None, host: str, port: int, workers: int) -> None:
+    """``streamres proxy --workers N``: N processes on one port (uvicorn's supervisor)."""
+    import uvicorn
+
+    os.environ["STREAMRES_PROXY_CONFIG"] = os.path.abspath(config_path)
+    os.environ["STREAMRES_PROXY_REDIS"] = redis or ""
+    print(
+        f"streamres proxy on http://{host}:{port} — {workers} workers"
+        + (f", sharing state through {redact_url(redis)}" if redis else " (state per worker)"),
+        flush=True,
+    )
+    uvicorn.run(
+        "streamres.proxy.serve:worker_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+
+
 @dataclass
 class Running:
     url: str
@@ -75,13 +159,11 @@ async def running(
     token_delay: float = 0.02,
     grace: int = 10,
     server: str = "uvicorn",
+    redis: str | None = None,
 ) -> AsyncIterator[Running]:
     """The proxy serving in this event loop until the block ends (tests, embedding).
-    ``server``: "uvicorn" (the default, measured faster) or "hypercorn"."""
-    import httpx
-
-    from streamres._shell.stream import _load_counter
-
+    ``server``: "uvicorn" (the default, measured faster) or "hypercorn"; ``redis``: share
+    limits and model state with other proxies (and workers) through it."""
     async with contextlib.AsyncExitStack() as stack:
         up = None
         if config is None:
@@ -97,26 +179,7 @@ async def running(
                 Upstream(models=models, token_delay=token_delay, ping_interval=0.5)
             )
             config = embedded_config(up)
-        # One pool for every answer, without a cap: the proxy's own concurrency is its clients'.
-        http = await stack.enter_async_context(
-            httpx.AsyncClient(
-                timeout=None,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=1000),
-            )
-        )
-        client = await stack.enter_async_context(
-            streamres.Client(
-                config.routes,
-                http_client=http,
-                deadline=config.deadline,
-                stall_timeout=config.stall_timeout,
-                breaker_threshold=config.breaker_threshold,
-                breaker_recovery=config.breaker_recovery,
-            )
-        )
-        for route in config.routes:  # token counts are never loaded on an answer's path
-            await _load_counter(route.model)
-        app = Proxy(client, config)
+        app = await stack.enter_async_context(_proxy_app(config, redis))
         runner = (
             _Uvicorn(app, host, port, grace)
             if server == "uvicorn"
@@ -220,10 +283,17 @@ class _Hypercorn:
 
 
 async def serve(
-    config: Config | None, host: str, port: int, faults: str, server: str = "uvicorn"
+    config: Config | None,
+    host: str,
+    port: int,
+    faults: str,
+    server: str = "uvicorn",
+    redis: str | None = None,
 ) -> None:
     """``streamres proxy``: serve until interrupted."""
-    async with running(config, host=host, port=port, faults=faults, server=server) as run:
+    async with running(
+        config, host=host, port=port, faults=faults, server=server, redis=redis
+    ) as run:
         target = (
             f"the embedded upstream (models {', '.join(run.proxy.config.models)}; faults: {faults})"
             if run.upstream is not None
