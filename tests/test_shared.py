@@ -364,3 +364,39 @@ async def test_proxy_workers_share_an_account_limit(
             peaks[label] = up.peak_in_flight()
     print(f"peak in flight at the upstream (limit 4): {peaks}")
     assert peaks["shared"] <= 4
+
+
+async def test_the_retry_budget_is_one_for_every_process(redis_server: RedisServer) -> None:
+    """A budget of one retry token (no refill to speak of): one client's retry spends it, so
+    another client's retry finds none and gives up instead of retrying — 3 requests at the
+    upstream, where two budgets of their own would have made 4."""
+    budget = {"ratio": 0.0, "floor": 0.01, "cap": 1.0, "balance": 1.0}
+    async with Upstream(models={"m": ModelSpec(faults=FaultPlan("503*100"))}) as up:
+        routes = [streamres.Route("m", base_url=up.openai_url, api_key="k")]
+        fast = streamres.Backoff(initial=0.01, maximum=0.02)
+        clients = [
+            streamres.Client(
+                routes,
+                shared=redis_server.url,
+                shared_prefix=f"b{uuid.uuid4().hex[:8]}",
+                retry_budget=streamres.RetryBudget(**budget),
+                breaker_threshold=100,
+                backoff=fast,
+            )
+        ]
+        clients.append(
+            streamres.Client(
+                routes,
+                shared=redis_server.url,
+                shared_prefix=clients[0]._shared_prefix,
+                retry_budget=streamres.RetryBudget(**budget),
+                breaker_threshold=100,
+                backoff=fast,
+            )
+        )
+        async with clients[0] as a, clients[1] as b:
+            for client in (a, b):
+                with pytest.raises(streamres.StreamError):
+                    async for _ in client.stream(Q, model="m", max_attempts=2, deadline=3):
+                        pass
+        assert len(up.requests) == 3

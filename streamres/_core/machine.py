@@ -10,6 +10,7 @@ each as a method call with the time, and every call returns the next *action* fo
 
     Wait(until, probing)   sleep until ``until`` (or until a half-open probe's outcome)
     Acquire(route, until)  take a concurrency slot on a route and its account
+    Reserve()              take a ticket from a retry budget shared between processes
     Load(model)            load the token encoding for ``model`` (off the event loop)
     Send(request, ...)     open the HTTP stream; report ``started`` or ``send_failed``
     ReadBody(until)        read the start of a body that is not an event stream; ``body``
@@ -111,6 +112,7 @@ __all__ = [
     "Load",
     "Memory",
     "ReadBody",
+    "Reserve",
     "Send",
     "Slots",
     "Wait",
@@ -133,6 +135,11 @@ class Acquire:
 
     route: Route
     until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Take a ticket from the retry budget shared between processes; report ``reserved``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +197,7 @@ class Fail:
     error: StreamError
 
 
-Action = Wait | Acquire | Load | Send | ReadBody | _Read | Finish | Fail
+Action = Wait | Acquire | Reserve | Load | Send | ReadBody | _Read | Finish | Fail
 
 
 # -- what the machine is given ---------------------------------------------------------------
@@ -311,9 +318,12 @@ class Answer:
         encodings: Encodings = lambda model: None,
         load_now: Callable[[str], tuple[str, Counter]] | None = None,
         secret_headers: Callable[[str], bool] = lambda name: False,
+        shared_budget: bool = False,
     ) -> None:
         self.opts = opts
         self.fleet = opts.fleet
+        #: The retry budget is shared between processes: the shell asks it (``Reserve``).
+        self.shared_budget = shared_budget
         self.slots = slots
         self.memory = memory if memory is not None else Memory()
         self.encodings = encodings
@@ -631,20 +641,31 @@ class Answer:
     def _turn(self, now: float) -> Action:
         """Wait out a shared cool-down (another stream got Retry-After); take a ticket from the
         retry budget. The budget is a queue: a retry reserves the next token and sleeps once
-        until it is there, rather than waking to compete for it."""
+        until it is there, rather than waking to compete for it. A budget shared between
+        processes is asked by the shell (``Reserve``, then ``reserved``)."""
         at = self._attempt()
-        fleet = self.fleet
-        wait = fleet.cooldown_left(at.index, now)
+        if at.number == 1:
+            self.fleet.budget.deposit(now)
+            return self._ticket(0.0, now)
+        if self.shared_budget:
+            at.ticket = True
+            return Reserve()
+        at.ticket = True
+        return self._ticket(self.fleet.budget.reserve(now), now)
+
+    def reserved(self, turn: float, now: float) -> Action:
+        """The shared retry budget's answer to ``Reserve``: the ticket is this attempt's, and
+        its turn comes ``turn`` seconds from now."""
+        return self._ticket(turn, now)
+
+    def _ticket(self, turn: float, now: float) -> Action:
+        at = self._attempt()
+        wait = self.fleet.cooldown_left(at.index, now)
         if wait > 0:
             wait = after_hint(wait, self.opts.rng.random())
-        if at.number == 1:
-            fleet.budget.deposit(now)
-        else:
-            turn = fleet.budget.reserve(now)
-            at.ticket = True
-            if turn > 0:
-                log.info("streamres.retry_budget_spent", model=at.route.key, wait=turn)
-            wait = max(wait, turn)
+        if turn > 0:
+            log.info("streamres.retry_budget_spent", model=at.route.key, wait=turn)
+        wait = max(wait, turn)
         if wait > 0:
             if now + wait >= self.t_end:
                 return self._fail(

@@ -17,7 +17,11 @@ key prefix (``shared_prefix``, default ``"streamres"``: one prefix per fleet) sh
   probe claims it first (``SET NX`` with a 60 s expiry); the others wait for its outcome, which
   it publishes (the model recovered, or is refused again) and which frees the claim.
 
-Not shared (each process keeps its own): the retry budget, weights and metrics.
+- **the retry budget** — one token bucket for every process (a Lua script per deposit, refund
+  and reservation), so retries across the fleet stay within it rather than within it per
+  process.
+
+Not shared (each process keeps its own): weights and metrics.
 
 A stream never waits on Redis longer than ``timeout`` (0.25 s). When Redis is slow or down,
 streams go on with this process's own limits and view: a warning is logged once, every
@@ -33,13 +37,14 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
 from streamres._core.redact import redact_url
+from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
 from streamres._shell.limits import Limits, account_of
@@ -110,6 +115,55 @@ return 1
 
 #: How long a probe's claim lasts if its outcome never comes (a crashed process).
 PROBE_CLAIM = 60.0
+
+#: The retry budget as one token bucket for every process (``_balance.RetryBudget``'s rules,
+#: Redis's clock): ARGV[1] "deposit" (a first attempt), "refund", or "reserve" (returns the
+#: seconds until the reserved token is there; -1: never).
+_BUDGET = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local ratio, floor, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local b = redis.call('HMGET', KEYS[1], 'balance', 'updated')
+local balance = tonumber(b[1]) or tonumber(ARGV[5])
+local updated = tonumber(b[2]) or now
+if now > updated then
+  balance = math.min(cap, balance + (now - updated) * floor)
+  updated = now
+end
+local out = 0
+if ARGV[1] == 'deposit' then
+  balance = math.min(cap, balance + ratio)
+elseif ARGV[1] == 'refund' then
+  balance = math.min(cap, balance + 1)
+else
+  balance = balance - 1
+  if balance < 0 then
+    if floor <= 0 then out = -1 else out = -balance / floor end
+  end
+end
+redis.call('HSET', KEYS[1], 'balance', tostring(balance), 'updated', tostring(updated))
+redis.call('EXPIRE', KEYS[1], 86400)
+return tostring(out)
+"""
+
+
+class SharedBudget(RetryBudget):
+    """The client's retry budget, with deposits and refunds also sent to the shared one (the
+    local balance is what this process falls back on when Redis is away)."""
+
+    def __init__(self, local: RetryBudget, post: Callable[[str], None]) -> None:
+        super().__init__(local.ratio, local.floor, local.cap, local.balance, local.updated)
+        self._post = post
+        #: The balance a fleet's shared bucket starts with (the first process creates it).
+        self.initial = local.balance
+
+    def deposit(self, now: float) -> None:
+        super().deposit(now)
+        self._post("deposit")
+
+    def refund(self) -> None:
+        super().refund()
+        self._post("refund")
 
 
 @dataclass(frozen=True)
@@ -186,9 +240,12 @@ class SharedState(Limits):
                 ("share", _SHARE),
                 ("claim", _CLAIM),
                 ("unclaim", _UNCLAIM),
+                ("budget", _BUDGET),
             )
         }
         self.fleet.on_change = self._share
+        local_budget = self.fleet.budget
+        self.fleet.budget = SharedBudget(local_budget, self._budget_post)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._listen)
@@ -204,6 +261,7 @@ class SharedState(Limits):
                     tg.cancel_scope.cancel()
         finally:
             self.fleet.on_change = None
+            self.fleet.budget = local_budget
             self._outbox_send.close()
             self._outbox.close()
             with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
@@ -326,6 +384,26 @@ class SharedState(Limits):
                     await self._call("extend", keys, [lease, int(LEASE * 1000)])
 
     # -- breaker openings and cool-downs -------------------------------------------------
+
+    # -- the retry budget ----------------------------------------------------------------
+
+    def _budget_args(self, op: str) -> list[Any]:
+        b = self.fleet.budget
+        initial = b.initial if isinstance(b, SharedBudget) else b.balance
+        return [op, b.ratio, b.floor, b.cap, initial]
+
+    def _budget_post(self, op: str) -> None:
+        if self.connected:
+            self._post("budget", [f"{self.prefix}:budget"], self._budget_args(op))
+
+    async def reserve_retry(self) -> float:
+        """Reserve the next retry token of the budget every process shares: seconds until it
+        is there (this process's own budget decides while Redis is away)."""
+        got = await self._call("budget", [f"{self.prefix}:budget"], self._budget_args("reserve"))
+        if got is None:
+            return self.fleet.budget.reserve(anyio.current_time())
+        wait = float(got)
+        return float("inf") if wait < 0 else wait
 
     async def claim_probe(self, route: Route) -> float | None:
         """Claim a half-open model's one probe for every process: ``None`` when this process

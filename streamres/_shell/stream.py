@@ -40,6 +40,7 @@ from streamres._core.machine import (
     Load,
     Memory,
     ReadBody,
+    Reserve,
     Send,
     Wait,
 )
@@ -329,6 +330,9 @@ class _Shell:
         if isinstance(act, Load):
             name, count = await _load_counter(act.model)
             return m.loaded(name, count, now())
+        if isinstance(act, Reserve):
+            assert isinstance(self.limits, SharedState)
+            return m.reserved(await self.limits.reserve_retry(), now())
         if isinstance(act, Send):
             return await self.send(act)
         if isinstance(act, ReadBody):
@@ -422,6 +426,7 @@ async def _run(
         encodings=_counters.get,
         load_now=_load_counter_now,
         secret_headers=lambda name: bool(_SECRET_HEADER.search(name)),
+        shared_budget=isinstance(limits, SharedState),
     )
     shell = _Shell(m, client, limits)
     try:
