@@ -643,6 +643,78 @@ async def _cache_replay(requests: int = 120, repeats: float = 0.3) -> list[dict[
     return rows
 
 
+async def _shared_cost(answers: int = 40) -> list[dict[str, Any]]:
+    """What shared state costs an answer: Redis round trips (counted by the server) and time to
+    first token, with a shared limit and with an in-process one (a local redis-server)."""
+    import shutil
+    import socket
+    import tempfile
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return [{"setup": "shared", "note": "redis-server is not installed"}]
+    import redis.asyncio as aioredis
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = await anyio.open_process(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            tempfile.gettempdir(),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    rows = []
+    try:
+        r = aioredis.from_url(url)
+        for _ in range(200):
+            try:
+                await r.ping()
+                break
+            except Exception:
+                await anyio.sleep(0.02)
+        async with Upstream(words=20) as up:
+            route = streamres.Route("m", base_url=up.openai_url, api_key="x", max_in_flight=8)
+            for label, shared in (("in-process limits", None), ("shared on Redis", url)):
+                async with streamres.Client([route], shared=shared) as client:
+                    ttfts: list[float] = []
+                    before = (await r.info("commandstats")).get("cmdstat_evalsha", {})
+                    for _ in range(answers):
+                        t = time.perf_counter()
+                        first = None
+                        async for ev in client.stream(Q, model="m"):
+                            if ev.type == "text" and first is None:
+                                first = time.perf_counter() - t
+                        ttfts.append(first or 0.0)
+                    await anyio.sleep(0.2)  # the last release is sent in the background
+                    after = (await r.info("commandstats")).get("cmdstat_evalsha", {})
+                calls = after.get("calls", 0) - before.get("calls", 0)
+                rows.append(
+                    {
+                        "setup": label,
+                        "ttft_p50_ms": statistics.median(ttfts) * 1e3,
+                        "round_trips_per_answer": calls / answers if shared else 0,
+                    }
+                )
+        await r.aclose()
+    finally:
+        proc.terminate()
+        await proc.wait()
+        await proc.aclose()
+    return rows
+
+
 def _peak_rss_kib() -> float:
     """This process's peak RSS. On Linux from VmHWM: ``ru_maxrss`` survives fork and exec, so
     a child started by a big parent would report the parent's peak."""
@@ -724,6 +796,8 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
     report["stalls"] = await _stall_detection(args.quick)
     print("cache replay…", file=sys.stderr)
     report["cache"] = await _cache_replay(40 if args.quick else 120)
+    print("shared state…", file=sys.stderr)
+    report["shared"] = await _shared_cost(10 if args.quick else 40)
     return report
 
 
@@ -841,6 +915,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     )
+    print("\nShared state: what an answer costs (sequential answers, a limit of 8)")
+    print(_table(report["shared"], ["setup", "ttft_p50_ms", "round_trips_per_answer", "note"]))
     print("\nHostile upstreams (one attempt, client process peak RSS)")
     print(_table(report["hostile"], ["attack", "outcome", "seconds", "peak_rss_mib"]))
     with open(args.json, "w", encoding="utf-8") as f:
