@@ -77,3 +77,19 @@ def test_events_are_frozen_and_typed() -> None:
     for cls in (streamres.RetryEvent, streamres.ResumeEvent, streamres.FallbackEvent):
         fields = {f.name for f in dataclasses.fields(cls)}
         assert {"message", "attempt", "reason", "tokens_so_far", "type"} <= fields
+
+
+def test_a_done_event_converts_copies_and_pickles_with_its_usage() -> None:
+    """dataclasses.asdict, copy.deepcopy and pickle work on a done event, counts included, also
+    when its usage was still to be counted."""
+    import copy
+    import dataclasses
+    import pickle
+
+    owed = streamres.Usage(estimated=True, later=lambda: ("approximate", 7))
+    done = streamres.DoneEvent(
+        text="x", finish_reason="stop", model="m", attempts=1, resumes=0, usage=owed
+    )
+    assert dataclasses.asdict(done)["usage"].delivered_tokens == 7
+    assert copy.deepcopy(done) == done
+    assert pickle.loads(pickle.dumps(done)).usage.output_tokens == 7

@@ -127,6 +127,10 @@ class Usage:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Usage is frozen: cannot set {name}")
 
+    def __reduce__(self) -> tuple[type[Usage], tuple[object, ...]]:
+        # Copies, pickles and dataclasses.asdict(done) carry the counts (made now if owed).
+        return (Usage, self._fields())
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Usage):
             return NotImplemented
