@@ -85,6 +85,34 @@ class StreamresCollector:
             health.add_metric([key], _HEALTH[m.health.status])
         yield breaker
         yield health
+        yield from self._fleet_wide()
+
+    def _fleet_wide(self) -> Iterator[Metric]:
+        """The cache's savings and shared state's reachability, when the client has them."""
+        stats = self._client.cache_stats()
+        if stats is not None:
+            for name, value, doc in (
+                ("cache_hits", stats.hits, "Answers streamed from the cache"),
+                ("cache_misses", stats.misses, "Cacheable requests not in the cache"),
+                ("single_flight_joins", stats.joins, "Requests that joined one in flight"),
+                ("requests_saved", stats.requests_saved, "Upstream requests not made"),
+            ):
+                counter = CounterMetricFamily(f"streamres_{name}", doc)
+                counter.add_metric([], float(value))
+                yield counter
+        shared = self._client.shared_status()
+        if shared is not None:
+            up = GaugeMetricFamily(
+                "streamres_shared_connected", "1 while shared state (Redis) is reachable"
+            )
+            up.add_metric([], 1.0 if shared.connected else 0.0)
+            yield up
+            local = CounterMetricFamily(
+                "streamres_shared_local_fallbacks",
+                "Slots taken with this process's own limits while Redis was away",
+            )
+            local.add_metric([], float(shared.local_fallbacks))
+            yield local
 
 
 def register(client: Client, registry: Any = None) -> StreamresCollector:

@@ -160,3 +160,19 @@ def test_a_key_is_the_request_itself() -> None:
     assert k != cache_key(USER, ["m", "n"], None, {"temperature": 0})
     assert k != cache_key(USER, ["m"], 100, {"temperature": 0})
     assert k != cache_key(USER, ["m"], None, {"temperature": 0.1})
+
+
+async def test_cache_savings_are_prometheus_metrics() -> None:
+    """The cache's hits, misses, joins and requests saved appear at a scrape."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from streamres.prometheus import register
+
+    async with Upstream() as up, streamres.Client(_routes(up), cache=Cache()) as client:
+        await _ask(client)
+        await _ask(client)
+        registry = CollectorRegistry()
+        register(client, registry)
+        text = generate_latest(registry).decode()
+    assert "streamres_cache_hits_total 1.0" in text
+    assert "streamres_requests_saved_total 1.0" in text
