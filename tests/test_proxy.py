@@ -395,3 +395,20 @@ async def test_the_health_board_shows_a_model_turning_jammed_in_a_browser() -> N
     dom = done.stdout.decode()
     assert 'data-model="demo-large" data-status="jammed"' in dom, dom[-2000:]
     assert 'data-model="demo-small" data-status="healthy"' in dom
+
+
+async def test_a_proxy_with_a_cache_asks_once_for_a_repeated_question() -> None:
+    """[cache] in routes.toml: the same question twice through the proxy, one upstream
+    request; the second answer exact, from the cache."""
+    async with Upstream() as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "cache": {"ttl": 60},
+        }
+        async with running(parse(raw, {}), port=0) as run:
+            first, _ = await _openai_text(run.url, model="m")
+            again, _ = await _openai_text(run.url, model="m")
+        assert first == again == up.answer(Q)
+        assert len(up.requests) == 1
+    with pytest.raises(ConfigError, match=r"\[cache\]"):
+        parse({"routes": [{"model": "m"}], "cache": {"ttl": -1}}, {})

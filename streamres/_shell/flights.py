@@ -35,6 +35,8 @@ class _Flight:
         self.error: StreamError | None = None
         self.changed = anyio.Event()
         self.followers = 0
+        #: The done event is out: the rest (reading the body's end) finishes on its own.
+        self.answered = False
         self.scope = anyio.CancelScope()
 
     def wake(self) -> None:
@@ -91,6 +93,9 @@ class Flights:
                 try:
                     async for ev in events:
                         flight.events.append(ev)
+                        if isinstance(ev, DoneEvent):
+                            flight.answered = True
+                            self._keep(key, keep, flight.events)
                         flight.wake()
                 finally:
                     await events.aclose()  # type: ignore[attr-defined]
@@ -101,9 +106,13 @@ class Flights:
             flight.wake()
             if self._flying.get(key) is flight:
                 del self._flying[key]
-        last = flight.events[-1] if flight.events else None
+
+    def _keep(self, key: str, keep: bool, events: list[Event]) -> None:
+        """A complete answer, kept for repeats (kept at its done event: the body's end may
+        still be read after it)."""
+        last = events[-1]
         if keep and isinstance(last, DoneEvent) and last.finish_reason in ("stop", "tool_calls"):
-            kept = (*(e for e in flight.events if e.type in _KEPT), last)
+            kept = (*(e for e in events if e.type in _KEPT), last)
             self.store.put(key, kept, len(last.text) + 64, anyio.current_time())
 
     async def _follow(self, flight: _Flight, ends: float, *, joined: bool) -> AsyncIterator[Event]:
@@ -136,7 +145,7 @@ class Flights:
                 )
         finally:
             flight.followers -= 1
-            if flight.followers == 0 and not flight.done:
+            if flight.followers == 0 and not flight.done and not flight.answered:
                 flight.scope.cancel()  # nobody is listening: close the upstream stream
 
     async def _replay(self, kept: tuple[Event, ...]) -> AsyncIterator[Event]:

@@ -25,6 +25,10 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     [accounts]                # concurrency per account (a route's account, else its base URL)
     "https://api.openai.com/v1" = 20
 
+    [cache]                   # single-flight and an exact cache (streamres.Cache's fields)
+    ttl = 600
+    max_entries = 5000
+
     [[clients]]               # without any, the proxy takes no key (it listens on loopback)
     name = "ui"
     key_env = "STREAMRES_UI_KEY"
@@ -72,6 +76,8 @@ class Config:
     breaker_recovery: float = 60.0
     #: Streams at once per account (``Client(account_limits=...)``).
     accounts: dict[str, int] = field(default_factory=dict)
+    #: Single-flight and the exact cache (``None``: off).
+    cache: streamres.Cache | None = None
 
 
 _ROUTE_KEYS = {
@@ -154,6 +160,12 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         isinstance(v, int) and v >= 1 for v in accounts.values()
     ):
         raise ConfigError("[accounts]: account names (or base URLs) = positive integers")
+    cache = None
+    if "cache" in raw:
+        try:
+            cache = streamres.Cache(**dict(raw["cache"] or {}))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"[cache]: {exc}") from exc
     policy = raw.get("policy") or {}
     stall = policy.get("stall_timeout", 0)
     return Config(
@@ -165,4 +177,5 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         breaker_threshold=int(policy.get("breaker_threshold", 3)),
         breaker_recovery=float(policy.get("breaker_recovery", 60.0)),
         accounts=dict(accounts),
+        cache=cache,
     )

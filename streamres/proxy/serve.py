@@ -78,6 +78,7 @@ async def _proxy_app(config: Config, redis: str | None) -> AsyncIterator[Proxy]:
             breaker_threshold=config.breaker_threshold,
             breaker_recovery=config.breaker_recovery,
             shared=redis,
+            cache=config.cache,
         ) as client,
     ):
         for route in config.routes:  # token counts are never loaded on an answer's path
