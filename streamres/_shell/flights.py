@@ -122,8 +122,9 @@ class Flights:
                 while i < len(flight.events):
                     ev = flight.events[i]
                     i += 1
-                    if joined and isinstance(ev, DoneEvent):
-                        ev = dataclasses.replace(ev, cache="joined")
+                    if isinstance(ev, DoneEvent):
+                        yield dataclasses.replace(ev, cache="joined") if joined else ev
+                        return  # the rest of the flight (reading the body's end) is not ours
                     yield ev
                 if flight.done:
                     if flight.error is not None:
