@@ -73,7 +73,11 @@ class Flights:
             self.stats.misses += 1
         flight = self._flying.get(key) if self.cache.single_flight else None
         slack = min(1.0, 0.05 * deadline)  # the same deadline, asked a moment later, joins
-        if flight is not None and not flight.done and flight.ends + slack >= now + deadline:
+        if (
+            flight is not None
+            and not flight.answered  # an answer already given is the cache's to give again
+            and flight.ends + slack >= now + deadline
+        ):
             self.stats.joins += 1
             flight.followers += 1  # counted now: the flight must not stop before it is read
             return self._follow(flight, now + deadline, joined=True)
