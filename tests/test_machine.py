@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -590,3 +591,145 @@ def test_a_bug_inside_is_a_stream_error_with_the_partial_answer() -> None:
     err = m.crashed(KeyError("x"))
     assert err.partial_text == "shown" and "KeyError" in str(err)
     assert "report" in str(err)
+
+
+# -- what each event and record says (every field a UI or a bill reads) ---------------------------
+
+
+def test_a_resume_reports_what_was_delivered_and_how_it_goes_on() -> None:
+    """The resume event's attempt, reason, model, strategy, delay and counts; the done event's
+    usage and history, attempt by attempt."""
+    run = drive(answer(), [Plan("drop", after=5)])
+    delivered = "".join(WORDS[:5])
+    (resume,) = run.of(ResumeEvent)
+    assert (resume.attempt, resume.reason, resume.model, resume.strategy) == (
+        2,
+        "connection",
+        "m0",
+        "prefill",
+    )
+    assert resume.chars_so_far == len(delivered)
+    assert resume.tokens_so_far == approximate_tokens(delivered)
+    assert 0 < resume.delay <= 1.0 and "resuming" in resume.message
+    (done,) = run.of(DoneEvent)
+    assert (done.model, done.attempts, done.resumes, done.finish_reason) == ("m0", 2, 1, "stop")
+    first, second = done.history
+    assert (first.number, first.model, first.outcome, first.chars) == (1, "m0", "connection", 27)
+    assert first.estimated and first.output_tokens == approximate_tokens(delivered)
+    assert (second.number, second.outcome, second.chars) == (2, "ok", len(FULL) - len(delivered))
+    assert first.seconds > 0 and second.seconds > 0
+    usage = done.usage
+    assert usage.delivered_tokens == approximate_tokens(FULL)
+    assert usage.estimated and usage.output_tokens is not None
+    assert usage.output_tokens >= usage.delivered_tokens and usage.wasted_tokens == 0
+    assert done.elapsed == pytest.approx(run.t)
+
+
+def test_a_retry_reports_the_refusal() -> None:
+    """A 529 before any text: the retry event's attempt, status code, reason and model."""
+    run = drive(answer(), [Plan("capacity")])
+    (retry,) = run.of(RetryEvent)
+    assert (retry.attempt, retry.status_code, retry.reason, retry.model) == (
+        2,
+        529,
+        "capacity",
+        "m0",
+    )
+    assert retry.delay > 0 and retry.tokens_so_far == 0
+    (done,) = run.of(DoneEvent)
+    assert [a.outcome for a in done.history] == ["capacity", "ok"]
+    assert done.history[0].status_code == 529 and done.history[0].chars == 0
+
+
+def test_a_fallback_reports_both_models_and_the_tokens_so_far() -> None:
+    """A drop after text, then at capacity: the fallback event names both models, carries the
+    tokens delivered, and the answer ends on the second model."""
+    run = drive(answer(models=2), [Plan("drop", after=4), Plan("at_capacity")])
+    (fb,) = run.of(FallbackEvent)
+    delivered = "".join(WORDS[:4])
+    assert (fb.from_model, fb.to_model, fb.attempt) == ("m0", "m1", 3)
+    assert fb.tokens_so_far == approximate_tokens(delivered)
+    assert run.of(DoneEvent)[0].model == "m1" and run.text == FULL
+
+
+def test_a_give_up_error_carries_its_record() -> None:
+    """A rejected request: the error names the model, the status and the reason, and keeps the
+    history of what was tried."""
+    run = drive(answer(), [Plan("rejected")])
+    assert isinstance(run.end, Fail)
+    err = run.end.error
+    assert (err.model, err.status_code, err.reason) == ("m0", 400, "permanent")
+    assert [a.outcome for a in err.history] == ["permanent"]
+
+
+def test_the_log_tells_the_story() -> None:
+    """structlog events with dotted names and flat keys: the attempt started, the resume
+    scheduled with its reason and delay, the answer done with its counts."""
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        drive(answer(), [Plan("drop", after=5)])
+    names = [e["event"] for e in logs]
+    assert names.count("streamres.attempt_started") == 2
+    (resume,) = [e for e in logs if e["event"] == "streamres.resume_scheduled"]
+    assert resume["model"] == "m0#0" and resume["reason"] == "connection"
+    assert resume["attempt"] == 1 and resume["chars"] == 27 and resume["delay"] > 0
+    (done,) = [e for e in logs if e["event"] == "streamres.done"]
+    assert (done["model"], done["attempts"], done["resumes"], done["finish_reason"]) == (
+        "m0",
+        2,
+        1,
+        "stop",
+    )
+    assert done["chars"] == len(FULL)
+
+
+def test_the_log_tells_of_breakers_and_failures() -> None:
+    """A breaker that opens is logged with the route; a give-up as streamres.failed."""
+    from structlog.testing import capture_logs
+
+    routes = [resolve_route(Route("m0", base_url="http://u.test/v1", api_key="k", name="m0#0"))]
+    fleet = Fleet(routes, breaker_threshold=1, breaker_recovery=60.0)
+    with capture_logs() as logs:
+        drive(Answer(options(fleet=fleet, deadline=5.0), now=0.0), [Plan("capacity")])
+    (opened,) = [e for e in logs if e["event"] == "streamres.breaker_open"]
+    assert opened["model"] == "m0#0"
+    (failed,) = [e for e in logs if e["event"] == "streamres.failed"]
+    assert failed["model"] == "m0" and failed["reason"] == "capacity"
+
+
+def test_abandoning_gives_back_exactly_what_is_held() -> None:
+    """Left while waiting for a slot: the probe is freed and nothing counts as in flight; left
+    mid-request: the in-flight count drops and the slot is given back; twice: nothing more."""
+    slots = _Slots()
+    m = Answer(options(), now=0.0, slots=slots)
+    assert isinstance(m.start_answer(0.0), Acquire)
+    m.abandon()
+    stats = m.fleet.states[0].stats
+    assert stats.in_flight == 0 and stats.requests == 0 and slots.released == []
+    assert slots.notified == 1
+    m = Answer(options(), now=0.0, slots=slots)
+    m.start_answer(0.0)
+    assert isinstance(m.acquired(True, 0.0, queued=0.0), Send)
+    assert m.fleet.states[0].stats.in_flight == 1
+    m.abandon()
+    m.abandon()
+    assert m.fleet.states[0].stats.in_flight == 0 and slots.released == ["m0"]
+    assert slots.notified == 2
+
+
+def test_a_shared_budget_is_asked_by_the_shell() -> None:
+    """With a budget shared between processes, a retry's ticket is a Reserve action, and the
+    wait it returns is the wait before the retry."""
+    from streamres._core.machine import Reserve
+
+    m = Answer(options(), now=0.0, shared_budget=True)
+    m.start_answer(0.0)
+    m.started(529, {"content-type": "application/json"}, 0.01, queued=0.0)
+    act = m.body(b'{"error":{"type":"overloaded_error"}}', 0.01, wall=0.0)
+    assert isinstance(act, Wait)
+    act = m.woke(act.until)
+    assert isinstance(act, Reserve)
+    act = m.reserved(3.0, act_time := 1.0)
+    assert isinstance(act, Wait) and act.until == act_time + 3.0
+    assert isinstance(m.woke(act.until), Send)
