@@ -122,3 +122,74 @@ def test_reinterpret_refusals_by_what_was_refused() -> None:
     assert reinterpret(busy, prefill_continuation=True, replaying=True) is busy
     d = _decide(Failure("replay_unavailable", "gone", 404))
     assert (d.action, d.delay) == ("retry", 0.0)  # type: ignore[attr-defined]
+
+
+# -- rule 4: a URL that never answered ------------------------------------------------------------
+
+
+def _refused(**kw: object) -> object:
+    f = Failure("connection", "Cannot reach http://x — connection refused", connect=True)
+    return _decide(f, reached=False, **kw)
+
+
+def test_an_unreached_url_is_tried_three_times_a_second_apart_at_most() -> None:
+    """Tries 1 and 2 of a URL never reached: retried on the short connect backoff (within its
+    ceilings: 0.25, 0.5 s), on the same model."""
+    from streamres._core.policy import CONNECT_BACKOFF, CONNECT_TRIES
+
+    assert CONNECT_TRIES == 3
+    for n, ceiling in ((1, 0.25), (2, 0.5)):
+        d = _refused(failures=[n], rand=0.999)
+        assert (d.action, d.model_index) == ("retry", 0)  # type: ignore[attr-defined]
+        assert 0 <= d.delay <= ceiling  # type: ignore[attr-defined]
+        assert d.delay == CONNECT_BACKOFF.delay(n, rand=0.999)  # type: ignore[attr-defined]
+
+
+def test_an_unreached_url_moves_on_then_is_unreachable() -> None:
+    """After three tries: the next model at once (it has not failed), and with no model left
+    that could answer, UpstreamUnreachable naming the tries."""
+    d = _refused(failures=[3, 0])
+    assert (d.action, d.model_index, d.delay) == ("switch", 1, 0.0)  # type: ignore[attr-defined]
+    d = _refused(failures=[3, 1], rand=0.999)
+    assert (d.action, d.model_index) == ("switch", 1)  # type: ignore[attr-defined]
+    assert 0 < d.delay <= 0.25  # type: ignore[attr-defined]
+    d = _refused(failures=[3, 3])
+    assert (d.action, d.error) == ("give_up", "unreachable")  # type: ignore[attr-defined]
+    assert "(3 tries)" in d.why and "connection refused" in d.why  # type: ignore[attr-defined]
+    d = _refused(failures=[3])
+    assert (d.action, d.error) == ("give_up", "unreachable")  # type: ignore[attr-defined]
+
+
+def test_an_unreached_url_out_of_time_is_a_deadline() -> None:
+    """A connect retry that would come after the deadline: a deadline, saying why."""
+    d = _refused(failures=[1], rand=0.999, time_left=0.01)
+    assert (d.action, d.error) == ("give_up", "deadline")  # type: ignore[attr-defined]
+    assert "connection refused" in d.why  # type: ignore[attr-defined]
+
+
+def test_a_reached_url_is_patient() -> None:
+    """The same refusal from a URL that answered before: the ordinary backoff, no cap of three."""
+    f = Failure("connection", "Cannot reach http://x — connection refused", connect=True)
+    d = _decide(f, reached=True, failures=[5])
+    assert d.action == "retry" and d.delay > 1.0  # type: ignore[attr-defined]
+
+
+def test_every_model_failing_with_no_time_gives_up() -> None:
+    """A switch whose wait would pass the deadline: give up, every model is failing."""
+    d = _decide(Failure("capacity", "busy"), failures=[2, 3], rand=0.999, time_left=0.01)
+    assert (d.action, d.error, d.why) == ("give_up", "deadline", "every model is failing")  # type: ignore[attr-defined]
+
+
+def test_a_retry_past_the_deadline_says_how_far_away_it_was() -> None:
+    """The next retry would come after the deadline: a deadline naming the retry's wait."""
+    d = _decide(Failure("capacity", "busy"), failures=[3], rand=0.999, time_left=0.5)
+    assert (d.action, d.error) == ("give_up", "deadline")  # type: ignore[attr-defined]
+    assert "would come after the deadline" in d.why  # type: ignore[attr-defined]
+
+
+def test_a_model_switch_waits_the_backoff_of_a_model_that_failed() -> None:
+    """Switching to a model that has failed before waits its backoff; to a fresh one, none."""
+    d = _decide(Failure("capacity", "busy"), failures=[2, 1], rand=0.999)
+    assert d.action == "switch" and d.delay > 0  # type: ignore[attr-defined]
+    d = _decide(Failure("capacity", "busy"), failures=[2, 0], rand=0.999)
+    assert d.action == "switch" and d.delay == 0.0  # type: ignore[attr-defined]
