@@ -733,3 +733,136 @@ def test_a_shared_budget_is_asked_by_the_shell() -> None:
     act = m.reserved(3.0, act_time := 1.0)
     assert isinstance(act, Wait) and act.until == act_time + 3.0
     assert isinstance(m.woke(act.until), Send)
+
+
+def _usage_chunk(prompt: int, completion: int) -> bytes:
+    return sse({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}})
+
+
+def test_the_servers_own_counts_are_the_usage_of_a_single_attempt() -> None:
+    """One attempt whose server reports usage: its counts, not estimates, and no encoding
+    asked for; the model's metrics count the tokens and the time to first token."""
+    body = b"".join(text_chunk(w) for w in WORDS) + (
+        sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        + _usage_chunk(11, 42)
+        + b"data: [DONE]\n\n"
+    )
+    m = answer()
+    run = drive(m, [Plan(reads=[(0.05, body), (0.05, None)])])
+    (done,) = run.of(DoneEvent)
+    usage = done.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.delivered_tokens) == (11, 42, 42)
+    assert (usage.estimated, usage.encoding) == (False, "reported")
+    assert (done.history[0].input_tokens, done.history[0].output_tokens) == (11, 42)
+    metrics = m.fleet.metrics(run.t)["m0#0"]
+    assert metrics.tokens_delivered == 42 and metrics.successes == 1
+    # The request went at 0 s, the body came at 0.06 s (the driver's round trip and read).
+    assert metrics.ttft_p50 == pytest.approx(0.06) and metrics.latency_p50 == pytest.approx(0.06)
+
+
+def test_usage_across_a_resume_adds_what_each_attempt_reported() -> None:
+    """Input tokens add up over attempts; the broken attempt's output is the ledger's estimate,
+    the total never below what was delivered."""
+    first = b"".join(text_chunk(w) for w in WORDS[:5])
+    rest = b"".join(text_chunk(w) for w in WORDS[5:]) + (
+        sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        + _usage_chunk(20, 30)
+        + b"data: [DONE]\n\n"
+    )
+    plans = [
+        Plan(reads=[(0.05, first), (0.06, b"DROP")]),
+        Plan(reads=[(0.05, rest), (0.05, None)]),
+    ]
+    run = drive(answer(), plans)
+    usage = run.of(DoneEvent)[0].usage
+    assert usage.input_tokens == 20
+    assert usage.estimated and usage.delivered_tokens == approximate_tokens(FULL)
+    summed = 30 + approximate_tokens("".join(WORDS[:5]))  # reported + the ledger's estimate
+    assert usage.output_tokens == max(summed, usage.delivered_tokens)
+    assert run.of(DoneEvent)[0].history[0].output_tokens == approximate_tokens("".join(WORDS[:5]))
+
+
+def test_a_busy_fleet_says_when_it_will_try_again() -> None:
+    """Every circuit open until 4 s from now: a busy retry event (attempt 1, reason
+    circuit_open, the model, the wait, a message that says the models are busy)."""
+    routes = [resolve_route(Route("m0", base_url="http://u.test/v1", api_key="k", name="m0#0"))]
+    fleet = Fleet(routes, breaker_threshold=1, breaker_recovery=5.0)
+    fleet.failed(0, 0.0, "capacity", ttft=None, retry_after=None)
+    m = Answer(options(fleet=fleet), now=1.0)
+    act = m.start_answer(1.0)
+    assert isinstance(act, Wait) and act.until == 5.0 and not act.probing
+    (busy,) = m.events
+    assert isinstance(busy, RetryEvent)
+    assert (busy.attempt, busy.reason, busy.model, busy.delay) == (1, "circuit_open", "m0", 4.0)
+    assert "busy" in busy.message.lower()
+
+
+def test_a_refused_prefill_is_remembered_and_the_answer_goes_on_by_instruction() -> None:
+    """A 400 to a prefill continuation: retried at once with the instruct strategy, and the
+    server remembered as refusing prefill for the next answer too."""
+    m = answer()
+    plans = [Plan("drop", after=5), Plan("rejected")]
+    run = drive(m, plans)
+    assert ("http://upstream.test/v1", "m0") in m.memory.prefill_refused
+    assert [a.outcome for a in run.of(DoneEvent)[0].history] == [
+        "connection",
+        "prefill_rejected",
+        "ok",
+    ]
+    third = run.requests[2].request.body["messages"]
+    assert third[-1]["role"] == "user"  # instructed to continue, not prefilled
+    later = Answer(options(), now=0.0, memory=m.memory)
+    run2 = drive(later, [Plan("drop", after=3)])
+    assert run2.of(ResumeEvent)[0].strategy == "instruct"
+
+
+def test_thinking_and_tool_calls_reach_the_done_event() -> None:
+    """Reasoning streamed as thinking events and a whole tool call: both in the done event."""
+    calls = [
+        {
+            "index": 0,
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "f", "arguments": '{"a": 1}'},
+        },
+    ]
+    body = (
+        sse(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"reasoning_content": "Let me see."},
+                        "finish_reason": None,
+                    }
+                ]
+            }
+        )
+        + text_chunk("Sure. ")
+        + sse({"choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]})
+        + sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        + b"data: [DONE]\n\n"
+    )
+    run = drive(answer(), [Plan(reads=[(0.05, body), (0.05, None)])])
+    (done,) = run.of(DoneEvent)
+    assert done.thinking == "Let me see." and done.finish_reason == "tool_calls"
+    assert [(c.id, c.name, c.arguments) for c in done.tool_calls] == [("c1", "f", '{"a": 1}')]
+    assert done.text == "Sure. "
+
+
+def test_an_instruct_resume_records_what_the_deduplicator_removed() -> None:
+    """An instruct continuation that repeats the last words: the history says how many
+    characters were repeated and held, the done event how many were removed, and the waste
+    is counted."""
+    head = "".join(WORDS[3:5])  # the last two words delivered, said again
+    rest = "".join(WORDS[5:])
+    plans = [
+        Plan("drop", after=5),
+        Plan(reads=[(0.01, text_chunk(head) + text_chunk(rest) + FINISH), (0.01, None)]),
+    ]
+    run = drive(answer(continuation="instruct"), plans)
+    (done,) = run.of(DoneEvent)
+    assert run.text == FULL and done.deduplicated_chars == len(head)
+    second = done.history[1]
+    assert second.repeated_chars == len(head)
+    assert done.usage.wasted_tokens == approximate_tokens(head)
