@@ -866,3 +866,49 @@ def test_an_instruct_resume_records_what_the_deduplicator_removed() -> None:
     second = done.history[1]
     assert second.repeated_chars == len(head)
     assert done.usage.wasted_tokens == approximate_tokens(head)
+
+
+def test_a_token_budget_holds_across_resumes() -> None:
+    """max_tokens bounds the whole answer: a resume asks only for what is left, and an answer
+    whose budget is spent ends with finish "length" without another request."""
+    delivered = "".join(WORDS[:5])
+    run = drive(answer(max_tokens=30), [Plan("drop", after=5)])
+    assert run.requests[0].request.body["max_tokens"] == 30
+    assert run.requests[1].request.body["max_tokens"] == 30 - approximate_tokens(delivered)
+    spent = approximate_tokens(delivered)
+    run = drive(answer(max_tokens=spent), [Plan("drop", after=5)])
+    (done,) = run.of(DoneEvent)
+    assert len(run.requests) == 1 and done.finish_reason == "length" and done.text == delivered
+
+
+def test_an_anthropic_route_always_sends_a_token_limit() -> None:
+    """The Messages API requires max_tokens: without one from the caller, the default."""
+    from streamres._providers.anthropic import DEFAULT_MAX_TOKENS
+
+    route = resolve_route(
+        Route("claude", provider="anthropic", base_url="http://a.test", api_key="k", name="c#0")
+    )
+    m = Answer(options(fleet=Fleet([route], breaker_threshold=10**9)), now=0.0)
+    act = m.start_answer(0.0)
+    assert isinstance(act, Send) and act.request.body["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert act.request.url == "http://a.test/v1/messages"
+
+
+def test_the_log_tells_of_cool_downs_weights_and_urls() -> None:
+    """A 429 with Retry-After: a cool-down logged with its seconds; a failure that lowers the
+    model's weight: logged at debug with the new weight; each attempt's URL, keys masked."""
+    from structlog.testing import capture_logs
+
+    m = answer()
+    with capture_logs() as logs:
+        m.start_answer(0.0)
+        m.started(429, {"content-type": "application/json", "retry-after": "2"}, 0.01, queued=0)
+        m.body(b'{"error":{"type":"rate_limit_error","message":"slow down"}}', 0.01, wall=0.0)
+    (cool,) = [e for e in logs if e["event"] == "streamres.cooldown_started"]
+    assert (cool["model"], cool["seconds"]) == ("m0#0", 2.0)
+    (started,) = [e for e in logs if e["event"] == "streamres.attempt_started"]
+    assert started["url"] == "http://upstream.test/v1/chat/completions" and started["attempt"] == 1
+    with capture_logs() as logs:
+        drive(answer(), [Plan("drop", after=2)])
+    (weight,) = [e for e in logs if e["event"] == "streamres.weight_changed"][:1]
+    assert weight["model"] == "m0#0" and weight["weight"] == pytest.approx(0.7)
