@@ -273,7 +273,9 @@ class Session:
 
 
 def health_table(metrics: dict[str, streamres.ModelMetrics], lang: str = "en") -> Any:
-    """Per-model health, with the reasons behind each verdict, as a table."""
+    """Per-model health as a table, then why each model is where it is (wrapped lines)."""
+    from rich.console import Group
+    from rich.text import Text
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:.0%}"
@@ -292,7 +294,6 @@ def health_table(metrics: dict[str, streamres.ModelMetrics], lang: str = "en") -
         "h_ttft",
         "h_latency",
         "h_breaker",
-        "h_why",
     )
     rows = [
         (
@@ -306,11 +307,15 @@ def health_table(metrics: dict[str, streamres.ModelMetrics], lang: str = "en") -
             secs(m.ttft_p50),
             secs(m.latency_p95),
             words(lang, m.breaker),
-            "; ".join(health_reason(lang, r) for r in m.health.reasons) or "-",
         )
         for name, m in metrics.items()
     ]
-    return table([words(lang, h) for h in heads], rows)
+    why = [
+        Text(f"  {name}: " + "; ".join(health_reason(lang, r) for r in m.health.reasons))
+        for name, m in metrics.items()
+        if m.health.reasons
+    ]
+    return Group(table([words(lang, h) for h in heads], rows, wrap_last=False), *why)
 
 
 async def _cancel_on_sigint(scope: anyio.CancelScope) -> None:

@@ -185,10 +185,17 @@ def columns(out: TextIO) -> int:
         return shutil.get_terminal_size().columns
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, highlight=False)
-    for h in headers:
-        t.add_column(h, overflow="fold")
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, wrap_last: bool = True
+) -> Table:
+    """Figures kept whole on one line; the last column (descriptions) wraps at word
+    boundaries to fit the terminal, unless ``wrap_last`` is false."""
+    t = Table(
+        box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, highlight=False
+    )
+    for i, h in enumerate(headers):
+        last = wrap_last and i == len(headers) - 1
+        t.add_column(h, no_wrap=not last, overflow="fold" if last else "ellipsis")
     for row in rows:
         t.add_row(*row)
     return t
