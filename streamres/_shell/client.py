@@ -51,6 +51,11 @@ class Client:
     Defaults: breaker threshold 3 consecutive failures and 60 s recovery; weights x0.7 per
     failure, a quarter of the way back per success, never below 5 % of base; retry budget
     20 % of first attempts plus 1 retry/s, banked up to 10.
+
+    ``shared="redis://host:6379/0"`` shares concurrency slots, breaker openings, cool-downs,
+    the half-open probe and the retry budget with every process using the same Redis and
+    ``shared_prefix`` (asyncio only). ``cache=Cache(...)`` turns on single-flight and the exact
+    answer cache.
     """
 
     def __init__(
