@@ -27,44 +27,36 @@ def _free(port: int) -> bool:
         return True
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[int]:
-    """`streamres serve` as the README says to start it (on another port if 8765 is taken)."""
-    port = PORT if _free(PORT) else 0
+def _running(command: str, port: int) -> Iterator[int]:
+    """`streamres COMMAND --port PORT` as the README starts it (any free port if that one is
+    taken); yields the port it listens on, from the line it prints first."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamres", "serve", "--port", str(port), "--faults", "light"],
+        [sys.executable, "-m", "streamres", command, "--port", str(port if _free(port) else 0)]
+        + (["--faults", "light"] if command == "serve" else []),
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()  # "embedded upstream on http://127.0.0.1:PORT ..."
+        line = proc.stdout.readline()  # "… on http://127.0.0.1:PORT …"
         yield int(line.split()[3].rsplit(":", 1)[1])
     finally:
         proc.terminate()
         proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[int]:
+    """`streamres serve` as the README says to start it."""
+    yield from _running("serve", PORT)
 
 
 @pytest.fixture(scope="module")
 def proxy() -> Iterator[int]:
-    """`streamres proxy` as the README says to start it (on another port if 8787 is taken)."""
-    port = PROXY_PORT if _free(PROXY_PORT) else 0
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamres", "proxy", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # "streamres proxy on http://127.0.0.1:PORT — ..."
-        yield int(line.split()[3].rsplit(":", 1)[1])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    """`streamres proxy` as the README says to start it."""
+    yield from _running("proxy", PROXY_PORT)
 
 
 def test_the_readme_has_python_blocks() -> None:

@@ -26,7 +26,7 @@ from streamres.chat.words import (
     status_line,
     words,
 )
-from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream
+from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
 
 __all__ = ["DEFAULT_MODELS", "add_target_arguments", "main", "parser", "real_target"]
 
@@ -347,22 +347,7 @@ def embedded_faults(spec: str, seed: int, lang: str = "en") -> tuple[FaultPlan, 
     """Fault plans for the two demo models, and their label; the default storm shows a retry,
     a resume and a fallback in the first answer, then keeps a sustained, lighter storm going."""
     if spec == "storm":
-        large = FaultPlan(
-            "529:retry-after=1,error@40,at-capacity*3",
-            connect_rate=0.1,
-            midstream_rate=0.25,
-            stall_rate=0.03,
-            max_after=80,
-            seed=seed,
-        )
-        small = FaultPlan(
-            "reset@50",
-            connect_rate=0.1,
-            midstream_rate=0.2,
-            stall_rate=0.02,
-            max_after=80,
-            seed=seed + 1,
-        )
+        large, small = demo_storm(seed)
         return large, small, words(lang, "faults_storm")
     plan = PRESETS.get(spec, spec)
     label = words(lang, f"faults_{spec}") if spec in ("none", "light") else spec or "none"

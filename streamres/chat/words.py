@@ -48,7 +48,6 @@ TEXT: dict[str, dict[str, str]] = {
         "interrupted": "[stopped — the partial answer is kept]",
         "interrupted_empty": "[stopped — nothing had arrived yet]",
         "failed": "[failed: {error}]",
-        "failed_reason": "{reason}",
         "summary": "↻ recovered in {seconds:.1f} s: {attempts} attempts, resumed {resumes}×, "
         "{dedup} repeated tokens removed, answered by {model}",
         "welcome": "streamres chat — answers keep streaming through capacity errors. "
@@ -69,7 +68,6 @@ TEXT: dict[str, dict[str, str]] = {
         "mark_interrupted": "(stopped by the user; partial answer)",
         "mark_failed": "(failed: {error}; partial answer)",
         "mark_failed_empty": "(failed: {error}; no answer)",
-        "typed_wait": "",
         # tables
         "h_model": "model",
         "h_health": "health",
@@ -81,7 +79,6 @@ TEXT: dict[str, dict[str, str]] = {
         "h_ttft": "ttft p50",
         "h_latency": "latency p95",
         "h_breaker": "breaker",
-        "h_why": "why",
         "h_provider": "provider",
         "h_url": "base URL",
         "h_weight": "weight",
@@ -111,7 +108,6 @@ TEXT: dict[str, dict[str, str]] = {
         "interrupted": "[已停止 — 保留已收到的部分回答]",
         "interrupted_empty": "[已停止 — 尚未收到任何内容]",
         "failed": "[失败：{error}]",
-        "failed_reason": "{reason}",
         "summary": "↻ 已恢复，用时 {seconds:.1f} 秒：{attempts} 次请求，{resumes} 次续传，"
         "去除 {dedup} 个重复 token，由 {model} 完成",
         "welcome": "streamres chat — 即使模型满载，回答也不会中断。"
@@ -132,7 +128,6 @@ TEXT: dict[str, dict[str, str]] = {
         "mark_interrupted": "（被用户停止；部分回答）",
         "mark_failed": "（失败：{error}；部分回答）",
         "mark_failed_empty": "（失败：{error}；没有回答）",
-        "typed_wait": "",
         "h_model": "模型",
         "h_health": "状态",
         "h_requests": "请求数",
@@ -143,7 +138,6 @@ TEXT: dict[str, dict[str, str]] = {
         "h_ttft": "首字延迟 p50",
         "h_latency": "延迟 p95",
         "h_breaker": "熔断器",
-        "h_why": "原因",
         "h_provider": "接口",
         "h_url": "地址",
         "h_weight": "权重",

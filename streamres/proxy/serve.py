@@ -20,7 +20,7 @@ import streamres
 from streamres._core.redact import redact_url
 from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, load
-from streamres.upstream import FaultPlan, ModelSpec, Upstream
+from streamres.upstream import FaultPlan, ModelSpec, Upstream, demo_storm
 
 __all__ = ["Running", "embedded_config", "running", "serve"]
 
@@ -38,24 +38,9 @@ def embedded_config(up: Upstream) -> Config:
 
 
 def storm(seed: int = 7) -> dict[str, ModelSpec]:
-    """The embedded upstream's default fault storm (as in ``streamres chat``)."""
-    return {
-        LARGE: ModelSpec(
-            faults=FaultPlan(
-                "529:retry-after=1,error@40,at-capacity*3",
-                connect_rate=0.1,
-                midstream_rate=0.25,
-                stall_rate=0.03,
-                max_after=80,
-                seed=seed,
-            )
-        ),
-        SMALL: ModelSpec(
-            faults=FaultPlan(
-                "reset@50", connect_rate=0.1, midstream_rate=0.2, max_after=80, seed=seed + 1
-            )
-        ),
-    }
+    """The embedded upstream's default fault storm (the same as ``streamres chat``'s)."""
+    large, small = demo_storm(seed)
+    return {LARGE: ModelSpec(faults=large), SMALL: ModelSpec(faults=small)}
 
 
 @contextlib.asynccontextmanager

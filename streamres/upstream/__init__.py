@@ -10,7 +10,7 @@ From a shell: ``streamres serve --port 8765 --faults storm``.
 """
 
 from ._answers import PREAMBLE, answer_for, split_tokens
-from ._faults import PRESETS, Fault, FaultPlan, parse_faults
+from ._faults import PRESETS, Fault, FaultPlan, demo_storm, parse_faults
 from ._server import ModelSpec, RecordedRequest, Upstream
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "RecordedRequest",
     "Upstream",
     "answer_for",
+    "demo_storm",
     "parse_faults",
     "split_tokens",
 ]

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-__all__ = ["PRESETS", "Fault", "FaultPlan", "parse_faults"]
+__all__ = ["PRESETS", "Fault", "FaultPlan", "demo_storm", "parse_faults"]
 
 FaultKind = Literal[
     "status",
@@ -220,3 +220,25 @@ class FaultPlan:
             )
             return Fault(kind=self.rng.choice(kinds), after=after)
         return Fault()
+
+
+def demo_storm(seed: int = 7) -> tuple[FaultPlan, FaultPlan]:
+    """The demo's fault storm for its two models (``streamres chat``, ``streamres proxy``): the
+    first answer shows a retry, a resume and a fallback; then a sustained, lighter storm."""
+    large = FaultPlan(
+        "529:retry-after=1,error@40,at-capacity*3",
+        connect_rate=0.1,
+        midstream_rate=0.25,
+        stall_rate=0.03,
+        max_after=80,
+        seed=seed,
+    )
+    small = FaultPlan(
+        "reset@50",
+        connect_rate=0.1,
+        midstream_rate=0.2,
+        stall_rate=0.02,
+        max_after=80,
+        seed=seed + 1,
+    )
+    return large, small
