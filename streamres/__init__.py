@@ -37,6 +37,7 @@ from streamres._core.events import (
     ToolCallEvent,
     Usage,
 )
+from streamres._core.semantic import Semantic
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
@@ -66,6 +67,7 @@ __all__ = [
     "RetryBudget",
     "RetryEvent",
     "Route",
+    "Semantic",
     "SharedStatus",
     "StatusEvent",
     "StreamError",

@@ -93,6 +93,11 @@ class StreamresCollector:
         if stats is not None:
             for name, value, doc in (
                 ("cache_hits", stats.hits, "Answers streamed from the cache"),
+                (
+                    "cache_semantic_hits",
+                    stats.semantic_hits,
+                    "Answers streamed from the cache for a question asked in other words",
+                ),
                 ("cache_misses", stats.misses, "Cacheable requests not in the cache"),
                 ("single_flight_joins", stats.joins, "Requests that joined one in flight"),
                 ("requests_saved", stats.requests_saved, "Upstream requests not made"),

@@ -412,3 +412,32 @@ async def test_a_proxy_with_a_cache_asks_once_for_a_repeated_question() -> None:
         assert len(up.requests) == 1
     with pytest.raises(ConfigError, match=r"\[cache\]"):
         parse({"routes": [{"model": "m"}], "cache": {"ttl": -1}}, {})
+
+
+async def test_a_proxy_with_a_semantic_cache_answers_a_question_asked_in_other_words() -> None:
+    """[cache.semantic] in routes.toml: a question, then the same in other words (the bundled
+    model, offline), then a different one: two upstream requests; the second answer is the
+    first's."""
+    async with Upstream() as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "cache": {"semantic": {"threshold": 0.93, "routes": ["m"]}},
+        }
+        async with running(parse(raw, {}), port=0) as run:
+            assert await run.proxy.client.cache_ready()
+            sdk = oai(base_url=run.url + "/v1", api_key="k")
+            texts = []
+            for q in (
+                "How do I reset my password?",
+                "How can I reset my password?",
+                "What is the capital of France?",
+            ):
+                reply = await sdk.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": q}]
+                )
+                texts.append(reply.choices[0].message.content)
+        assert texts[0] == texts[1] != texts[2]
+        assert len(up.requests) == 2
+    for bad in ({"threshold": 2}, {"embed": "x"}, {"routes": "m"}):
+        with pytest.raises(ConfigError, match=r"\[cache\]: .*[Ss]emantic"):
+            parse({"routes": [{"model": "m"}], "cache": {"semantic": bad}}, {})

@@ -591,21 +591,90 @@ def _rss_kib() -> float:
     return 0.0
 
 
-async def _cache_replay(requests: int = 120, repeats: float = 0.3) -> list[dict[str, Any]]:
-    """A request mix with ``repeats`` of exact repeats (seeded), 20 at a time, against an
-    upstream that serves 5 streams at once and refuses more (429): with and without the cache."""
+_TOPICS = (
+    "TCP slow start",
+    "DNS caching",
+    "HTTP keep-alive",
+    "TLS session resumption",
+    "a B-tree",
+    "a bloom filter",
+    "consistent hashing",
+    "a write-ahead log",
+    "Raft leader election",
+    "garbage collection",
+    "a hash map",
+    "SQL joins",
+    "database indexes",
+    "CPU caches",
+    "virtual memory",
+    "a mutex",
+    "an event loop",
+    "backpressure",
+    "rate limiting",
+    "CORS",
+    "OAuth scopes",
+    "JSON Web Tokens",
+    "gzip compression",
+    "UTF-8",
+    "floating point rounding",
+    "binary search",
+    "merge sort",
+    "Dijkstra's algorithm",
+    "a trie",
+    "copy-on-write",
+    "container images",
+    "Kubernetes pods",
+    "load balancers",
+    "a CDN",
+    "WebSockets",
+    "server-sent events",
+    "exponential backoff",
+    "circuit breakers",
+    "idempotency keys",
+    "optimistic locking",
+)
+_TEMPLATES = ("Explain how {} works.", "What is {} used for?", "What are the pitfalls of {}?")
+#: How people ask the same again: other case and punctuation, a greeting, a preamble.
+_REPHRASE = ("{lower}", "Hi! {}", "Can you tell me: {}", "Please answer: {}")
+
+
+def _request_mix(requests: int, repeats: float) -> list[tuple[str, int]]:
+    """Questions with their meaning's id: new ones, and ``repeats`` of earlier ones — half
+    asked again word for word, half in other words (seeded)."""
     import random
 
     rng = random.Random(5)
-    questions: list[str] = []
-    for i in range(requests):
-        if questions and rng.random() < repeats:
-            questions.append(rng.choice(questions))
+    bases = [t.format(x) for x in _TOPICS for t in _TEMPLATES]
+    rng.shuffle(bases)
+    mix: list[tuple[str, int]] = []
+    used = 0
+    for _ in range(requests):
+        if mix and rng.random() < repeats:
+            _, base = rng.choice(mix)
+            text = bases[base]
+            if rng.random() < 0.5:
+                text = rng.choice(_REPHRASE).format(text, lower=text.lower().rstrip(".?"))
+            mix.append((text, base))
         else:
-            questions.append(f"Question {i}: explain TCP slow start, part {i}.")
+            mix.append((bases[used % len(bases)], used % len(bases)))
+            used += 1
+    return mix
+
+
+async def _cache_replay(requests: int = 120, repeats: float = 0.3) -> list[dict[str, Any]]:
+    """A request mix with ``repeats`` of repeats and near-repeats, 20 at a time, against an
+    upstream that serves 5 streams at once and refuses more (429): no cache, the exact cache,
+    and the exact cache with the semantic one (a hit on another meaning counts as wrong)."""
+    mix = _request_mix(requests, repeats)
+    meaning = dict(mix)
+    setups: list[tuple[str, streamres.Cache | None]] = [
+        ("no cache", None),
+        ("exact cache + single-flight", streamres.Cache()),
+        ("+ semantic", streamres.Cache(semantic=streamres.Semantic())),
+    ]
     rows = []
-    for label, cache in (("no cache", None), ("cache + single-flight", streamres.Cache())):
-        failed = 0
+    for label, cache in setups:
+        failed = wrong = 0
         async with Upstream(
             token_delay=0.005, words=40, max_in_flight=5, quota_retry_after=0.2
         ) as up:
@@ -613,22 +682,24 @@ async def _cache_replay(requests: int = 120, repeats: float = 0.3) -> list[dict[
             async with streamres.Client(
                 [route], cache=cache, backoff=streamres.Backoff(initial=0.05, maximum=0.5)
             ) as client:
+                await client.cache_ready()
                 sem = anyio.Semaphore(20)
 
-                async def one(q: str, sem: anyio.Semaphore = sem) -> None:
-                    nonlocal failed
+                async def one(q: str, base: int, sem: anyio.Semaphore = sem) -> None:
+                    nonlocal failed, wrong
                     async with sem:
                         try:
-                            async for _ in client.stream(
+                            async for ev in client.stream(
                                 [{"role": "user", "content": q}], model="m", deadline=60
                             ):
-                                pass
+                                if ev.type == "done" and ev.cache_match:
+                                    wrong += meaning[ev.cache_match] != base
                         except streamres.StreamError:
                             failed += 1
 
                 async with anyio.create_task_group() as tg:
-                    for q in questions:
-                        tg.start_soon(one, q)
+                    for q, base in mix:
+                        tg.start_soon(one, q, base)
                 stats = client.cache_stats()
             rows.append(
                 {
@@ -638,6 +709,8 @@ async def _cache_replay(requests: int = 120, repeats: float = 0.3) -> list[dict[
                     "capacity_errors": sum(r.status == 429 for r in up.requests),
                     "failed_answers": failed,
                     "saved": stats.requests_saved if stats else 0,
+                    "semantic_hits": stats.semantic_hits if stats else 0,
+                    "wrong_answers": wrong,
                 }
             )
     return rows
@@ -796,6 +869,8 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
     report["stalls"] = await _stall_detection(args.quick)
     print("cache replay…", file=sys.stderr)
     report["cache"] = await _cache_replay(40 if args.quick else 120)
+    print("semantic cache…", file=sys.stderr)
+    report["semantic"] = _semantic()
     print("shared state…", file=sys.stderr)
     report["shared"] = await _shared_cost(10 if args.quick else 40)
     return report
@@ -820,6 +895,30 @@ def _print_dedup(rows: list[dict[str, Any]]) -> None:
     print(_table(rows, _DEDUP_COLUMNS))
 
 
+def _semantic() -> dict[str, Any]:
+    from streamres._apps import semantic_eval
+    from streamres._shell.embedder import bundled_model
+
+    started = time.perf_counter()
+    model = bundled_model()
+    loaded_ms = (time.perf_counter() - started) * 1000
+    return {
+        "cost": semantic_eval.model_cost(model, loaded_ms),
+        "pairs": semantic_eval.evaluate(model, semantic_eval.load_pairs()),
+    }
+
+
+def _print_semantic(report: dict[str, Any]) -> None:
+    print("\nSemantic cache: labelled question pairs (precision = right hits / hits)")
+    print(
+        _table(
+            report["pairs"],
+            ["threshold", "set", "language", "pairs", "precision", "recall", "wrong_hits"],
+        )
+    )
+    print("Bundled model's cost:", report["cost"])
+
+
 def main(argv: list[str] | None = None) -> int:
     if (argv if argv is not None else sys.argv[1:])[:1] == ["proxy"]:
         from streamres._apps import bench_proxy
@@ -832,6 +931,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="bench-results.json", help="where to write the results")
     p.add_argument(
         "--dedup", action="store_true", help="only the de-duplication benchmark (seconds)"
+    )
+    p.add_argument(
+        "--semantic",
+        action="store_true",
+        help="only the semantic cache's precision and recall on labelled pairs (seconds)",
     )
     p.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one answer in a child process
     p.add_argument("--first", nargs=2, help=argparse.SUPPRESS)  # internal: a first call
@@ -849,6 +953,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = _dedup_bench.run(60 if args.quick else 400)
         _print_dedup(rows)
         return 0 if all(r["wrongly_dropped_chars"] == 0 for r in rows) else 1
+    if args.semantic:
+        semantic = _semantic()
+        _print_semantic(semantic)
+        return 0
     report = anyio.run(_all, args)
     print("\nThroughput (client CPU µs per SSE event, median; ratio to httpx-sse + json.loads)")
     print(
@@ -901,7 +1009,10 @@ def main(argv: list[str] | None = None) -> int:
     _print_dedup(report["dedup"])
     print("\nStall detection (default settings: the limit follows the stream's pace)")
     print(_table(report["stalls"], ["stream", "stall_to_resume_s"]))
-    print("\nA request mix with 30 % repeats, 20 at a time, upstream serving 5 at once")
+    print(
+        "\nA request mix with 30 % repeats (half in other words), 20 at a time, upstream "
+        "serving 5 at once"
+    )
     print(
         _table(
             report["cache"],
@@ -912,9 +1023,12 @@ def main(argv: list[str] | None = None) -> int:
                 "capacity_errors",
                 "failed_answers",
                 "saved",
+                "semantic_hits",
+                "wrong_answers",
             ],
         )
     )
+    _print_semantic(report["semantic"])
     print("\nShared state: what an answer costs (sequential answers, a limit of 8)")
     print(_table(report["shared"], ["setup", "ttft_p50_ms", "round_trips_per_answer", "note"]))
     print("\nHostile upstreams (one attempt, client process peak RSS)")

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from streamres._core.semantic import Semantic
+
 __all__ = ["AnswerStore", "Cache", "CacheStats", "cache_key"]
 
 V = TypeVar("V")
@@ -30,6 +32,8 @@ class Cache:
     ``tools`` are kept only with ``include_tools`` (a tool's world may have changed). ``pace``:
     tokens per second to stream a kept answer at (``None``: at once), for UIs that animate.
     ``single_flight``: identical requests in flight at the same time share one upstream stream.
+    ``semantic``: also answer a question asked in other words (:class:`Semantic`; off by
+    default).
     """
 
     ttl: float = 3600.0
@@ -39,12 +43,15 @@ class Cache:
     include_tools: bool = False
     pace: float | None = None
     single_flight: bool = True
+    semantic: Semantic | None = None
 
     def __post_init__(self) -> None:
         if self.ttl <= 0 or self.max_entries < 1 or self.max_chars < 1:
             raise ValueError("Cache: ttl, max_entries and max_chars must be positive")
         if self.pace is not None and self.pace <= 0:
             raise ValueError("Cache: pace is tokens per second, above 0 (or None)")
+        if self.semantic is not None and not isinstance(self.semantic, Semantic):
+            raise ValueError("Cache: semantic is a streamres.Semantic(...) (or None)")
 
     def keeps(self, more: Mapping[str, Any]) -> bool:
         """May an answer to a request with these extra arguments be kept?"""
@@ -58,14 +65,17 @@ class Cache:
 class CacheStats:
     """How the cache and single-flight saved requests."""
 
+    #: Requests answered from the cache because an identical one was answered before.
     hits: int = 0
+    #: Requests answered from the cache because a question with the same meaning was.
+    semantic_hits: int = 0
     misses: int = 0
     #: Requests that joined an identical one already in flight.
     joins: int = 0
 
     @property
     def requests_saved(self) -> int:
-        return self.hits + self.joins
+        return self.hits + self.semantic_hits + self.joins
 
 
 def cache_key(
@@ -110,6 +120,11 @@ class AnswerStore(Generic[V]):
             return None
         self._items.move_to_end(key)
         return entry.value
+
+    def alive(self, key: str, now: float) -> bool:
+        """Is a value kept under ``key`` (without counting it as used)?"""
+        entry = self._items.get(key)
+        return entry is not None and entry.expires > now
 
     def put(self, key: str, value: V, size: int, now: float) -> None:
         if size > self.max_size:

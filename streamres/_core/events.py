@@ -275,9 +275,16 @@ class DoneEvent:
     #: What the model said instead of answering, when it refused (OpenAI's ``refusal``); the
     #: finish reason is then ``"refusal"``.
     refusal: str = ""
-    #: ``"hit"``: answered from the cache (no request made); ``"joined"``: shared the stream of
-    #: an identical request already in flight; ``""``: this request's own stream.
-    cache: Literal["", "hit", "joined"] = ""
+    #: ``"hit"``: answered from the cache (no request made); ``"semantic"``: answered from the
+    #: cache for a question asked in other words (``cache_match``, ``cache_score``);
+    #: ``"joined"``: shared the stream of an identical request already in flight; ``""``: this
+    #: request's own stream.
+    cache: Literal["", "hit", "semantic", "joined"] = ""
+    #: For ``cache="semantic"``: the question whose answer this is, as it was asked.
+    cache_match: str = ""
+    #: For ``cache="semantic"``: its cosine similarity to this question (1.0: the same once
+    #: case, width, spacing and punctuation are folded).
+    cache_score: float = 0.0
     type: Literal["done"] = field(default="done", init=False)
 
 

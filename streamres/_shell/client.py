@@ -9,6 +9,7 @@ retry budget, and per-model metrics. ``client.stream(...)`` yields the same even
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import random
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -23,13 +24,15 @@ from streamres._core.bounds import ReadLimits
 from streamres._core.cache import Cache, CacheStats, cache_key
 from streamres._core.errors import InvalidRequest
 from streamres._core.options import check_client_routes, check_options
+from streamres._core.semantic import split_question
 from streamres._core.stall import FIRST_OUTPUT
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
-from streamres._shell.flights import Flights
+from streamres._shell.flights import Flights, Question
 from streamres._shell.limits import Limits
+from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
 from streamres._shell.stream import ResilientStream, _run, _shared_ssl_context
 
@@ -132,6 +135,18 @@ class Client:
             raise InvalidRequest(
                 f"cache must be a streamres.Cache(...), not {cache!r:.60}", reason="invalid"
             )
+        if (
+            cache is not None
+            and cache.semantic is not None
+            and cache.semantic.embed is None
+            and importlib.util.find_spec("wordllama") is None
+        ):
+            raise InvalidRequest(
+                "Cache(semantic=Semantic()) uses the bundled embedding model, which needs the "
+                "wordllama package: pip install 'streamres[semantic]' (or pass "
+                "Semantic(embed=your_function))",
+                reason="invalid",
+            )
         self._cache = cache
         self._flights: Flights | None = None
         self._shared = shared
@@ -147,6 +162,8 @@ class Client:
             tg = await self._stack.enter_async_context(anyio.create_task_group())
             self._stack.callback(tg.cancel_scope.cancel)  # flights in progress end with the client
             self._flights = Flights(self._cache, tg)
+            if self._cache.semantic is not None:
+                tg.start_soon(_load_model, self._flights)
         if self._shared is None:
             self._limits = Limits(self.routes, self._account_limits)
             return self
@@ -243,11 +260,29 @@ class Client:
         if self._flights is None:
             return ResilientStream(_run(opts, http, limits))
         routes = [self.fleet.routes[i].key for i in chain]
-        key = cache_key(messages, routes, max_tokens, {**more, "_headers": dict(headers or {})})
+        params = {**more, "_headers": dict(headers or {})}
+        key = cache_key(messages, routes, max_tokens, params)
         keep = self._flights.cache.keeps(more)
+        question = None
+        semantic = self._flights.semantic
+        split = split_question(messages) if semantic and semantic.applies_to(routes[0]) else None
+        if keep and split is not None:
+            context, text = split
+            question = Question(cache_key(context, routes, max_tokens, params), text)
         return ResilientStream(
-            self._flights.stream(key, keep, opts.deadline, lambda: _run(opts, http, limits))
+            self._flights.stream(
+                key, keep, opts.deadline, lambda: _run(opts, http, limits), question
+            )
         )
+
+    async def cache_ready(self) -> bool:
+        """Wait until the semantic cache's model is loaded (it loads in the background when the
+        client starts; until then questions are matched by their normalised text). ``False``
+        if it could not load, or without ``Cache(semantic=...)``."""
+        if self._flights is None or self._flights.semantic is None:
+            return False
+        await self._flights.embedder.settled.wait()
+        return self._flights.embedder.ready
 
     def cache_stats(self) -> CacheStats | None:
         """Cache hits and misses, single-flight joins, requests saved; ``None`` without a
@@ -265,3 +300,12 @@ class Client:
     def health(self) -> dict[str, Health]:
         """Which models are healthy, degraded or jammed, and why."""
         return {name: m.health for name, m in self.metrics().items()}
+
+
+async def _load_model(flights: Flights) -> None:
+    """Load the semantic cache's model off the loop; until then (or if it cannot load)
+    questions are matched by their normalised text."""
+    try:
+        await flights.embedder.load()
+    except Exception as exc:
+        log.warning("streamres.semantic_model_unavailable", error=f"{type(exc).__name__}: {exc}")

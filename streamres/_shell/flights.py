@@ -8,20 +8,42 @@ first caller's deadline (a request whose deadline ends more than a second after 
 own); it stops when every follower has left. A complete answer is kept (when the request may
 be cached) and a repeat streams it back — at once, or at ``Cache.pace`` tokens per second —
 with its done event marked ``cache="hit"``.
+
+Near-repeats (``Cache(semantic=Semantic())``): on an exact miss, the question (the last user
+message; the rest of the request must be identical) is looked up by its normalised text, then by
+its embedding (``_core.semantic``), among the kept answers — a match streams its answer back
+marked ``cache="semantic"`` with the matched question and its score — then among the questions
+in flight, whose stream it follows (``cache="joined"``, with the match). The question's vector,
+made once for the lookups, is kept with the answer when it completes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import anyio
 
 from streamres._core.cache import AnswerStore, Cache, CacheStats
 from streamres._core.errors import DeadlineExceeded, StreamError
 from streamres._core.events import DoneEvent, Event, TextEvent, Usage
+from streamres._core.semantic import Match, SemanticIndex, normalise
+from streamres._shell.embedder import Embedder
 
-__all__ = ["Flights"]
+__all__ = ["Flights", "Question"]
+
+
+@dataclass
+class Question:
+    """A request's question for the semantic cache: its context's hash and its text."""
+
+    bucket: str
+    text: str
+    vector: Sequence[float] | None = None
+    embedded: bool = False
+
 
 #: Events a repeat gets again (status events belonged to the first request's trouble).
 _KEPT = ("text", "thinking", "tool_call")
@@ -55,6 +77,11 @@ class Flights:
             cache.ttl, cache.max_entries, cache.max_chars
         )
         self._flying: dict[str, _Flight] = {}
+        self.semantic = cache.semantic
+        self.index = SemanticIndex(cache.max_entries)
+        #: Questions whose answers are being streamed now (near-repeats may follow them).
+        self.in_flight = SemanticIndex(cache.max_entries)
+        self.embedder = Embedder(cache.semantic.embed if cache.semantic else None)
 
     def stream(
         self,
@@ -62,6 +89,7 @@ class Flights:
         keep: bool,
         deadline: float,
         start: Callable[[], AsyncIterator[Event]],
+        question: Question | None = None,
     ) -> AsyncIterator[Event]:
         """The events for a request: kept, joined, or its own (shared with later joiners)."""
         now = anyio.current_time()
@@ -70,26 +98,99 @@ class Flights:
             if kept is not None:
                 self.stats.hits += 1
                 return self._replay(kept)
+            if question is not None and self.semantic is not None:
+                return self._near(key, deadline, start, question)
             self.stats.misses += 1
-        flight = self._flying.get(key) if self.cache.single_flight else None
-        slack = min(1.0, 0.05 * deadline)  # the same deadline, asked a moment later, joins
-        if (
+        return self._own_or_join(key, keep, deadline, start, None)
+
+    async def _near(
+        self,
+        key: str,
+        deadline: float,
+        start: Callable[[], AsyncIterator[Event]],
+        question: Question,
+    ) -> AsyncIterator[Event]:
+        """A question asked before in other words (answered, or in flight), or this request's
+        own answer."""
+        now = anyio.current_time()
+        match = await self._find(self.index, question, lambda k: self.store.alive(k, now))
+        kept = self.store.get(match.key, anyio.current_time()) if match else None
+        if match is not None and kept is not None:
+            self.stats.semantic_hits += 1
+            replay = self._replay(kept, match)
+        else:
+            self.stats.misses += 1
+            near = None
+            if self.cache.single_flight:
+                near = await self._find(
+                    self.in_flight, question, lambda k: self._joinable(k, now + deadline)
+                )
+            replay = self._own_or_join(key, True, deadline, start, question, near)
+        try:
+            async for ev in replay:
+                yield ev
+        finally:
+            await replay.aclose()  # type: ignore[attr-defined]
+
+    async def _find(
+        self, index: SemanticIndex, question: Question, alive: Callable[[str], bool]
+    ) -> Match | None:
+        """The question's match in ``index``: by normalised text, else by its vector (made
+        once per request)."""
+        assert self.semantic is not None
+        match = index.same(question.bucket, question.text, alive)
+        if match is None and not question.embedded:
+            question.embedded = True
+            question.vector = await self.embedder.embed(normalise(question.text))
+        if match is None and question.vector is not None:
+            match = index.closest(
+                question.bucket, question.text, question.vector, self.semantic, alive
+            )
+        return match
+
+    def _joinable(self, key: str, ends: float) -> bool:
+        """May a request that must end by ``ends`` follow the flight under ``key``?"""
+        flight = self._flying.get(key)
+        return (
             flight is not None
             and not flight.answered  # an answer already given is the cache's to give again
-            and flight.ends + slack >= now + deadline
-        ):
+            and flight.ends + min(1.0, 0.05 * (ends - anyio.current_time())) >= ends
+        )
+
+    def _own_or_join(
+        self,
+        key: str,
+        keep: bool,
+        deadline: float,
+        start: Callable[[], AsyncIterator[Event]],
+        question: Question | None,
+        near: Match | None = None,
+    ) -> AsyncIterator[Event]:
+        """Follow the identical request in flight (or the near one ``near`` names), else start
+        this one's own flight. The same deadline, asked a moment later, may join."""
+        now = anyio.current_time()
+        joining = near.key if near is not None else key
+        if self.cache.single_flight and self._joinable(joining, now + deadline):
+            flight = self._flying[joining]
             self.stats.joins += 1
             flight.followers += 1  # counted now: the flight must not stop before it is read
-            return self._follow(flight, now + deadline, joined=True)
+            return self._follow(flight, now + deadline, joined=True, match=near)
         flight = _Flight(now + deadline)
         flight.followers += 1
         if self.cache.single_flight:
             self._flying[key] = flight
-        self.tg.start_soon(self._fly, key, keep, flight, start)
+            if question is not None:
+                self.in_flight.add(question.bucket, key, question.text, question.vector)
+        self.tg.start_soon(self._fly, key, keep, flight, start, question)
         return self._follow(flight, now + deadline, joined=False)
 
     async def _fly(
-        self, key: str, keep: bool, flight: _Flight, start: Callable[[], AsyncIterator[Event]]
+        self,
+        key: str,
+        keep: bool,
+        flight: _Flight,
+        start: Callable[[], AsyncIterator[Event]],
+        question: Question | None,
     ) -> None:
         try:
             with flight.scope:
@@ -99,7 +200,7 @@ class Flights:
                         flight.events.append(ev)
                         if isinstance(ev, DoneEvent):
                             flight.answered = True
-                            self._keep(key, keep, flight.events)
+                            self._keep(key, keep, flight.events, question)
                         flight.wake()
                 finally:
                     await events.aclose()  # type: ignore[attr-defined]
@@ -110,16 +211,21 @@ class Flights:
             flight.wake()
             if self._flying.get(key) is flight:
                 del self._flying[key]
+                self.in_flight.discard(key)
 
-    def _keep(self, key: str, keep: bool, events: list[Event]) -> None:
+    def _keep(self, key: str, keep: bool, events: list[Event], question: Question | None) -> None:
         """A complete answer, kept for repeats (kept at its done event: the body's end may
         still be read after it)."""
         last = events[-1]
         if keep and isinstance(last, DoneEvent) and last.finish_reason in ("stop", "tool_calls"):
             kept = (*(e for e in events if e.type in _KEPT), last)
             self.store.put(key, kept, len(last.text) + 64, anyio.current_time())
+            if question is not None:
+                self.index.add(question.bucket, key, question.text, question.vector)
 
-    async def _follow(self, flight: _Flight, ends: float, *, joined: bool) -> AsyncIterator[Event]:
+    async def _follow(
+        self, flight: _Flight, ends: float, *, joined: bool, match: Match | None = None
+    ) -> AsyncIterator[Event]:
         i = 0
         try:
             while True:
@@ -127,7 +233,7 @@ class Flights:
                     ev = flight.events[i]
                     i += 1
                     if isinstance(ev, DoneEvent):
-                        yield dataclasses.replace(ev, cache="joined") if joined else ev
+                        yield _marked(ev, match, "joined") if joined else ev
                         return  # the rest of the flight (reading the body's end) is not ours
                     yield ev
                 if flight.done:
@@ -153,7 +259,9 @@ class Flights:
             if flight.followers == 0 and not flight.done and not flight.answered:
                 flight.scope.cancel()  # nobody is listening: close the upstream stream
 
-    async def _replay(self, kept: tuple[Event, ...]) -> AsyncIterator[Event]:
+    async def _replay(
+        self, kept: tuple[Event, ...], match: Match | None = None
+    ) -> AsyncIterator[Event]:
         started = anyio.current_time()
         pace = self.cache.pace
         for ev in kept:
@@ -162,8 +270,7 @@ class Flights:
                     delivered_tokens=ev.usage.delivered_tokens, encoding=ev.usage.encoding
                 )
                 yield dataclasses.replace(
-                    ev,
-                    cache="hit",
+                    _marked(ev, match, "semantic" if match else "hit"),
                     attempts=0,
                     resumes=0,
                     history=(),
@@ -174,6 +281,17 @@ class Flights:
             if pace is not None and isinstance(ev, TextEvent):
                 await anyio.sleep(max(1, len(ev.text) // 4) / pace)
             yield ev
+
+
+def _marked(
+    done: DoneEvent, match: Match | None, how: Literal["hit", "semantic", "joined"]
+) -> DoneEvent:
+    """The done event marked with how it was obtained (and the near question it came from)."""
+    if match is None:
+        return dataclasses.replace(done, cache=how)
+    return dataclasses.replace(
+        done, cache=how, cache_match=match.question, cache_score=round(match.score, 4)
+    )
 
 
 def _text(events: list[Event]) -> str:

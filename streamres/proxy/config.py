@@ -29,6 +29,10 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     ttl = 600
     max_entries = 5000
 
+    [cache.semantic]          # questions asked in other words (streamres.Semantic's fields)
+    threshold = 0.93
+    routes = ["gpt"]
+
     [[clients]]               # without any, the proxy takes no key (it listens on loopback)
     name = "ui"
     key_env = "STREAMRES_UI_KEY"
@@ -162,8 +166,16 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         raise ConfigError("[accounts]: account names (or base URLs) = positive integers")
     cache = None
     if "cache" in raw:
+        fields = dict(raw["cache"] or {})
         try:
-            cache = streamres.Cache(**dict(raw["cache"] or {}))
+            if "semantic" in fields:
+                semantic = dict(fields["semantic"] or {})
+                if "embed" in semantic:
+                    raise ValueError("semantic.embed is a Python function: not in a file")
+                if isinstance(semantic.get("routes"), list):
+                    semantic["routes"] = tuple(semantic["routes"])
+                fields["semantic"] = streamres.Semantic(**semantic)
+            cache = streamres.Cache(**fields)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"[cache]: {exc}") from exc
     policy = raw.get("policy") or {}
