@@ -55,13 +55,17 @@ _HEALTH = {"healthy": 0, "degraded": 1, "jammed": 2}
 
 
 class StreamresCollector:
-    """A custom collector: reads ``client.metrics()`` at each scrape."""
+    """A custom collector: reads ``client.metrics()`` at each scrape — or, with ``fleet=True``,
+    ``client.fleet_metrics()``: the sum over every process sharing state through Redis (for an
+    endpoint that any one of them may answer, like ``streamres proxy --workers``; a process
+    that stops takes its counts with it, which Prometheus reads as a counter reset)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, fleet: bool = False) -> None:
         self._client = client
+        self._fleet = fleet
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._client.metrics()
+        snapshot = self._client.fleet_metrics() if self._fleet else self._client.metrics()
         for name, doc in _COUNTERS.items():
             family = CounterMetricFamily(f"streamres_{name}", doc, labels=["model"])
             for key, m in snapshot.items():
@@ -120,8 +124,9 @@ class StreamresCollector:
             yield local
 
 
-def register(client: Client, registry: Any = None) -> StreamresCollector:
-    """Expose ``client``'s metrics on ``registry`` (the default registry if None)."""
-    collector = StreamresCollector(client)
+def register(client: Client, registry: Any = None, *, fleet: bool = False) -> StreamresCollector:
+    """Expose ``client``'s metrics on ``registry`` (the default registry if None); ``fleet``:
+    summed over the processes sharing its state (:class:`StreamresCollector`)."""
+    collector = StreamresCollector(client, fleet=fleet)
     (registry if registry is not None else REGISTRY).register(collector)
     return collector

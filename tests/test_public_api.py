@@ -28,6 +28,7 @@ PUBLIC = {
     "RetryEvent",
     "ReadLimits",
     "Route",
+    "Semantic",
     "SharedStatus",
     "StatusEvent",
     "StreamError",

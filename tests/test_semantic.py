@@ -4,6 +4,7 @@ model, offline; the rules around it are checked with a model of our own."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -239,6 +240,23 @@ def test_the_bundled_model_needs_its_package_said_plainly(monkeypatch: pytest.Mo
             [streamres.Route("m", base_url="http://127.0.0.1:9/v1", api_key="k")],
             cache=streamres.Cache(semantic=Semantic()),
         )
+
+
+def test_loading_the_bundled_model_leaves_the_applications_logging_alone() -> None:
+    """wordllama configures the root logger when imported (basicConfig at INFO): in a fresh
+    process, after the model is loaded, the root logger is as it was."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from streamres._shell.embedder import bundled_model\n"
+        "bundled_model()('hello')\n"
+        "root = logging.getLogger()\n"
+        "print(len(root.handlers), root.level)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", str(logging.WARNING)], out.stderr
 
 
 # --- the labelled pairs, with the bundled model (offline) ------------------------------------

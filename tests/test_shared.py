@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
-import socket
-import subprocess
 import sys
 import textwrap
-import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +20,8 @@ from hypothesis import strategies as st
 import streamres
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 
+from .conftest import RedisServer, free_port
+
 pytestmark = pytest.mark.anyio
 Q = [{"role": "user", "content": "Explain TCP slow start."}]
 
@@ -32,65 +29,6 @@ Q = [{"role": "user", "content": "Explain TCP slow start."}]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"  # redis-py's asyncio client
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """A real redis-server on a free loopback port, that a test may stop and start again."""
-
-    def __init__(self, tmp: Path) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.skip("redis-server is not installed (apt-get install redis-server)")
-        self.exe, self.tmp, self.port = exe, tmp, _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.tmp),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 WORKER = textwrap.dedent(
@@ -169,6 +107,50 @@ async def test_a_model_jammed_for_one_process_opens_for_all(redis_server: RedisS
                 assert c.metrics()["m"].breaker == "open"
         requests = len(up.requests)
     assert requests == 3  # b and c never sent one
+
+
+async def test_weights_and_metrics_are_the_fleets(redis_server: RedisServer) -> None:
+    """Two capacity errors on a model in one client lower its weight in another (and in one
+    started later) to the same value; each client's metrics are its own, the fleet's are the
+    sum over both."""
+    models = {"a": ModelSpec(faults=FaultPlan("503*2")), "b": ModelSpec()}
+    async with Upstream(models=models) as up:
+        routes = [
+            streamres.Route("a", base_url=up.openai_url, api_key="k"),
+            streamres.Route("b", base_url=up.openai_url, api_key="k"),
+        ]
+        kw: dict[str, Any] = {"shared": redis_server.url, "backoff": streamres.Backoff(0.01)}
+        async with streamres.Client(routes, **kw) as a, streamres.Client(routes, **kw) as b:
+            async for _ in a.stream(Q, model="a", fallback=False):
+                pass
+            ours = a.metrics()["a"].weight
+            assert ours == pytest.approx(1 - 0.51 * 0.75)  # x0.7 twice, then a quarter back
+            with anyio.fail_after(2):
+                while b.metrics()["a"].weight != ours:
+                    await b._limits.changed(0.1)  # type: ignore[union-attr]
+            async for _ in b.stream(Q, model="b", fallback=False):
+                pass
+            for client in (a, b, a):
+                await client._shared_state.sync_metrics()  # type: ignore[union-attr]
+            fleet = a.fleet_metrics()
+            assert (fleet["a"].requests, fleet["a"].capacity_errors, fleet["b"].requests) == (
+                3,
+                2,
+                1,
+            )
+            assert (a.metrics()["b"].requests, b.metrics()["a"].requests) == (0, 0)
+            from prometheus_client import CollectorRegistry, generate_latest
+
+            from streamres.prometheus import register
+
+            registry = CollectorRegistry()
+            register(a, registry, fleet=True)
+            scraped = generate_latest(registry).decode()
+            assert 'streamres_requests_total{model="b"} 1.0' in scraped
+            async with streamres.Client(routes, **kw) as c:
+                assert c.metrics()["a"].weight == pytest.approx(ours)
+        async with streamres.Client(routes) as alone:
+            assert alone.fleet_metrics()["a"].requests == 0
 
 
 async def test_streams_go_on_when_redis_goes_away_and_rejoin(redis_server: RedisServer) -> None:
@@ -324,11 +306,26 @@ async def _proxy_answers(url: str, n: int, want: str) -> int:
     return exact
 
 
+async def _fleet_requests(base: str, model: str, wanted: int) -> bool:
+    """Read the proxy's health stream (an event a second) until ``model`` shows ``wanted``
+    requests (the workers sync their figures every second)."""
+    async with httpx.AsyncClient(timeout=None) as http:
+        with anyio.fail_after(10):
+            async with http.stream("GET", f"{base}/health/stream") as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        health = json.loads(line[6:])
+                        if health["models"][model]["requests"] == wanted:
+                            return True
+    return False
+
+
 async def test_proxy_workers_share_an_account_limit(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """`streamres proxy --workers 2 --redis URL`: 24 streams spread over two worker processes
-    keep an account's limit of 4 at the upstream; every answer exact."""
+    keep an account's limit of 4 at the upstream; every answer exact; /metrics counts the
+    requests of both workers."""
     peaks = {}
     for label, redis in (("shared", redis_server.url), ("per worker", None)):
         async with Upstream(token_delay=0.01, words=30) as up:
@@ -338,7 +335,7 @@ async def test_proxy_workers_share_an_account_limit(
                 'account = "acct"\n\n[accounts]\nacct = 4\n',
                 encoding="utf-8",
             )
-            port = _free_port()
+            port = free_port()
             argv = [
                 sys.executable,
                 "-m",
@@ -355,7 +352,10 @@ async def test_proxy_workers_share_an_account_limit(
                 argv += ["--redis", redis]
             proc = await anyio.open_process(argv)
             try:
-                exact = await _proxy_answers(f"http://127.0.0.1:{port}", 24, up.answer(Q, words=30))
+                base = f"http://127.0.0.1:{port}"
+                exact = await _proxy_answers(base, 24, up.answer(Q, words=30))
+                if redis:  # whichever worker answers counts both workers' requests
+                    assert await _fleet_requests(base, "m", len(up.requests))
             finally:
                 proc.terminate()
                 await proc.wait()

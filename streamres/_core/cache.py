@@ -15,9 +15,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from streamres._core.events import (
+    DoneEvent,
+    Event,
+    TextEvent,
+    ThinkingEvent,
+    ToolCall,
+    ToolCallEvent,
+    Usage,
+)
 from streamres._core.semantic import Semantic
 
-__all__ = ["AnswerStore", "Cache", "CacheStats", "cache_key"]
+__all__ = ["AnswerStore", "Cache", "CacheStats", "cache_key", "decode_answer", "encode_answer"]
 
 V = TypeVar("V")
 
@@ -146,3 +155,73 @@ class AnswerStore(Generic[V]):
     @property
     def size(self) -> int:
         return self._size
+
+
+def encode_answer(kept: Sequence[Event]) -> str:
+    """A kept answer (text, thinking and tool-call events, then its done event) as JSON, for a
+    store other processes read (never pickle: a shared store must not run code)."""
+    out: list[dict[str, Any]] = []
+    for ev in kept:
+        if isinstance(ev, (TextEvent, ThinkingEvent)):
+            out.append({"type": ev.type, "text": ev.text})
+        elif isinstance(ev, ToolCallEvent):
+            out.append({"type": ev.type, "id": ev.id, "name": ev.name, "arguments": ev.arguments})
+        elif isinstance(ev, DoneEvent):
+            out.append(
+                {
+                    "type": "done",
+                    "text": ev.text,
+                    "finish_reason": ev.finish_reason,
+                    "model": ev.model,
+                    "delivered_tokens": ev.usage.delivered_tokens,
+                    "encoding": ev.usage.encoding,
+                    "tool_calls": [[c.id, c.name, c.arguments] for c in ev.tool_calls],
+                    "thinking": ev.thinking,
+                    "refusal": ev.refusal,
+                }
+            )
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_answer(blob: str) -> tuple[Event, ...] | None:
+    """:func:`encode_answer`'s events again, or ``None`` when ``blob`` is not one (a store
+    written by another version, or damaged): a miss, never an error."""
+    try:
+        items = json.loads(blob)
+        events: list[Event] = []
+        for item in items:
+            kind = item["type"]
+            if kind == "text":
+                events.append(TextEvent(str(item["text"])))
+            elif kind == "thinking":
+                events.append(ThinkingEvent(str(item["text"])))
+            elif kind == "tool_call":
+                events.append(
+                    ToolCallEvent(str(item["id"]), str(item["name"]), str(item["arguments"]))
+                )
+            elif kind == "done":
+                events.append(
+                    DoneEvent(
+                        text=str(item["text"]),
+                        finish_reason=str(item["finish_reason"]),
+                        model=str(item["model"]),
+                        attempts=0,
+                        resumes=0,
+                        usage=Usage(
+                            delivered_tokens=int(item["delivered_tokens"]),
+                            encoding=str(item["encoding"]),
+                        ),
+                        tool_calls=tuple(
+                            ToolCall(str(i), str(n), str(a)) for i, n, a in item["tool_calls"]
+                        ),
+                        thinking=str(item["thinking"]),
+                        refusal=str(item["refusal"]),
+                    )
+                )
+            else:
+                return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not events or not isinstance(events[-1], DoneEvent):
+        return None
+    return tuple(events)

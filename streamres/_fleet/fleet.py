@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from streamres._core.events import Usage
 from streamres._fleet.balance import RetryBudget, Weight
 from streamres._fleet.breaker import BreakerState, CircuitBreaker
-from streamres._fleet.metrics import ModelMetrics, RouteStats, snapshot
+from streamres._fleet.metrics import ModelMetrics, RouteStats, export, merge, snapshot
 from streamres._fleet.routes import Route, fallback_order, pick_weighted
 
 __all__ = ["HEALTH_KINDS", "MAX_COOLDOWN", "Fleet"]
@@ -66,6 +66,8 @@ class Fleet:
         #: Told of what other processes should know (shared state): ``(route, kind, until)``
         #: with kind "open" (the breaker opened; refused until then) or "cooldown".
         self.on_change: Callable[[int, str, float], None] | None = None
+        #: Told ``(route, "failure" | "success")`` when a model's weight moves (shared state).
+        self.on_weight: Callable[[int, str], None] | None = None
         #: Reasons that apply to every model's health (e.g. shared state unavailable).
         self.notes: list[str] = []
 
@@ -111,7 +113,10 @@ class Fleet:
         s = self.states[i]
         before = s.breaker.state
         s.stats.succeeded(ttft=ttft, latency=latency)
-        s.weight.success()
+        if s.weight.current < s.weight.base:
+            s.weight.success()
+            if self.on_weight is not None:
+                self.on_weight(i, "success")
         after = s.breaker.record_success(now)
         if before != "closed" and self.on_change is not None:
             self.on_change(i, "closed", now)
@@ -133,6 +138,8 @@ class Fleet:
             return None
         before = s.breaker.state
         s.weight.failure()
+        if self.on_weight is not None:
+            self.on_weight(i, "failure")
         after = s.breaker.record_failure(now)
         if after == "open" and before != "open" and self.on_change is not None:
             self.on_change(i, "open", s.breaker.available_at(now))
@@ -148,6 +155,36 @@ class Fleet:
                 s.breaker.record_success(until)
         elif kind == "cooldown":
             s.cooldown_until = max(s.cooldown_until, min(until, until + MAX_COOLDOWN))
+
+    def set_weight(self, i: int, weight: float) -> None:
+        """A weight the fleet's processes arrived at together (shared state)."""
+        w = self.states[i].weight
+        w.current = min(w.base, max(w.base * w.floor, weight))
+
+    def exported(self) -> dict[str, dict[str, object]]:
+        """Every route's counters as plain data, for the fleet's view (shared state)."""
+        for s in self.states:
+            if s.owed:
+                self._settle(s)
+        return {s.route.key: export(s.stats) for s in self.states}
+
+    def fleet_metrics(
+        self, exported: list[dict[str, dict[str, object]]], now: float | None = None
+    ) -> dict[str, ModelMetrics]:
+        """Metrics summed over processes' :meth:`exported` data; weights, breakers and
+        cool-downs are this process's (shared state keeps them the same)."""
+        return {
+            s.route.key: snapshot(
+                s.route.key,
+                s.route.model,
+                merge([e[s.route.key] for e in exported if s.route.key in e]),
+                weight=s.weight.current,
+                breaker=s.breaker.state,
+                cooldown=max(0.0, s.cooldown_until - now) if now is not None else 0.0,
+                notes=tuple(self.notes),
+            )
+            for s in self.states
+        }
 
     def queued(self, i: int, seconds: float) -> None:
         """An attempt waited ``seconds`` for a pooled connection (never a model failure)."""

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Health", "ModelMetrics", "RouteStats", "assess"]
+__all__ = ["Health", "ModelMetrics", "RouteStats", "assess", "export", "merge"]
 
 _RECENT = 20
 _SAMPLES = 512
@@ -201,3 +201,58 @@ def snapshot(
         breaker=breaker,
         health=health,
     )
+
+
+#: Samples of time to first token and latency a process shares for the fleet's view.
+_SHARED_SAMPLES = 128
+
+_COUNTERS = (
+    "requests",
+    "successes",
+    "failures",
+    "capacity_errors",
+    "stalls",
+    "truncations",
+    "resumes",
+    "fallbacks_from",
+    "fallbacks_to",
+    "tokens_delivered",
+    "tokens_wasted",
+    "in_flight",
+)
+
+
+def export(stats: RouteStats) -> dict[str, object]:
+    """One route's counters and recent samples as plain JSON data, for the fleet's view."""
+    out: dict[str, object] = {name: getattr(stats, name) for name in _COUNTERS}
+    out["queued_seconds"] = stats.queued_seconds
+    out["ttft"] = list(stats.ttft)[-_SHARED_SAMPLES:]
+    out["latency"] = list(stats.latency)[-_SHARED_SAMPLES:]
+    out["recent"] = [list(r) for r in stats.recent]
+    return out
+
+
+def merge(exported: list[dict[str, object]]) -> RouteStats:
+    """Many processes' :func:`export` of one route as one: counters summed, samples pooled,
+    and health judged over every process's recent requests together."""
+    total = RouteStats()
+    recent: list[tuple[bool, bool, float | None]] = []
+    for data in exported:
+        for name in _COUNTERS:
+            value = data.get(name, 0)
+            if isinstance(value, int):
+                setattr(total, name, getattr(total, name) + value)
+        queued = data.get("queued_seconds", 0.0)
+        if isinstance(queued, (int, float)):
+            total.queued_seconds += queued
+        for name in ("ttft", "latency"):
+            samples = data.get(name)
+            if isinstance(samples, list):
+                getattr(total, name).extend(float(x) for x in samples)
+        rows = data.get("recent")
+        if isinstance(rows, list):
+            recent.extend(
+                (bool(r[0]), bool(r[1]), None if r[2] is None else float(r[2])) for r in rows
+            )
+    total.recent = deque(recent, maxlen=max(_RECENT, len(recent)))
+    return total

@@ -34,6 +34,7 @@ from streamres._shell.flights import Flights, Question
 from streamres._shell.limits import Limits
 from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
+from streamres._shell.shared_cache import SharedAnswers
 from streamres._shell.stream import ResilientStream, _run, _shared_ssl_context
 
 __all__ = ["Client"]
@@ -182,6 +183,13 @@ class Client:
         await self._stack.enter_async_context(state.running())
         self._shared_state = state
         self._limits = state
+        if self._flights is not None:
+            flights = self._flights
+            answers = SharedAnswers(state, flights.cache)
+            answers.on_question = flights.index.add
+            await answers.load_questions()
+            flights.remote = answers
+            self._stack.callback(setattr, flights, "remote", None)  # before Redis closes
         return self
 
     def shared_status(self) -> SharedStatus | None:
@@ -296,6 +304,20 @@ class Client:
         except RuntimeError:  # outside an event loop: cool-downs cannot be read
             now = None
         return self.fleet.metrics(now)
+
+    def fleet_metrics(self) -> dict[str, ModelMetrics]:
+        """Every model's metrics summed over the processes sharing state with this one (this
+        one's now, the others' as of the last sync, at most a second old); weights, breakers
+        and cool-downs as this process sees them (shared, so the same). Without ``shared=``
+        (or while Redis is away), this process's own — as :meth:`metrics`."""
+        state = self._shared_state
+        if state is None or not state.connected:
+            return self.metrics()
+        try:
+            now: float | None = anyio.current_time()
+        except RuntimeError:
+            now = None
+        return self.fleet.fleet_metrics([self.fleet.exported(), *state.others], now)
 
     def health(self) -> dict[str, Health]:
         """Which models are healthy, degraded or jammed, and why."""

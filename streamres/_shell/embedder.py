@@ -10,6 +10,7 @@ requests made before it is ready are matched only by their normalised text.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,6 +42,11 @@ def bundled_model() -> Callable[[str], Sequence[float]]:
 
 
 def _load_wordllama() -> Callable[[str], Sequence[float]]:
+    # wordllama calls logging.basicConfig(level=INFO) when imported, which would configure the
+    # application's root logger (and print every INFO line of every library to stderr — into
+    # a chat's terminal): whatever it adds is taken back.
+    top = logging.getLogger()
+    handlers, level = list(top.handlers), top.level
     try:
         import wordllama
         from safetensors import safe_open
@@ -52,6 +58,11 @@ def _load_wordllama() -> Callable[[str], Sequence[float]]:
             "pip install 'streamres[semantic]' (or give Semantic(embed=your_function))",
             reason="invalid",
         ) from exc
+    finally:
+        for handler in top.handlers[:]:
+            if handler not in handlers:
+                top.removeHandler(handler)
+        top.setLevel(level)
     root = Path(wordllama.__file__).parent
     tokenizer = Tokenizer.from_file(str(root / "tokenizers" / "l2_supercat_tokenizer_config.json"))
     with safe_open(str(root / "weights" / "l2_supercat_256.safetensors"), "np") as f:

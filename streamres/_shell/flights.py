@@ -15,6 +15,9 @@ its embedding (``_core.semantic``), among the kept answers — a match streams i
 marked ``cache="semantic"`` with the matched question and its score — then among the questions
 in flight, whose stream it follows (``cache="joined"``, with the match). The question's vector,
 made once for the lookups, is kept with the answer when it completes.
+
+With ``shared=`` the fleet's cache (``shared_cache``) stands behind this process's: looked in
+on a miss here, written to when an answer is kept.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from streamres._core.errors import DeadlineExceeded, StreamError
 from streamres._core.events import DoneEvent, Event, TextEvent, Usage
 from streamres._core.semantic import Match, SemanticIndex, normalise
 from streamres._shell.embedder import Embedder
+from streamres._shell.shared_cache import SharedAnswers
 
 __all__ = ["Flights", "Question"]
 
@@ -82,6 +86,8 @@ class Flights:
         #: Questions whose answers are being streamed now (near-repeats may follow them).
         self.in_flight = SemanticIndex(cache.max_entries)
         self.embedder = Embedder(cache.semantic.embed if cache.semantic else None)
+        #: The fleet's cache, with ``shared=`` (set while shared state is running).
+        self.remote: SharedAnswers | None = None
 
     def stream(
         self,
@@ -98,30 +104,41 @@ class Flights:
             if kept is not None:
                 self.stats.hits += 1
                 return self._replay(kept)
-            if question is not None and self.semantic is not None:
-                return self._near(key, deadline, start, question)
+            if self.remote is not None or (question is not None and self.semantic is not None):
+                return self._lookup(key, deadline, start, question)
             self.stats.misses += 1
         return self._own_or_join(key, keep, deadline, start, None)
 
-    async def _near(
+    async def _lookup(
         self,
         key: str,
         deadline: float,
         start: Callable[[], AsyncIterator[Event]],
-        question: Question,
+        question: Question | None,
     ) -> AsyncIterator[Event]:
-        """A question asked before in other words (answered, or in flight), or this request's
-        own answer."""
+        """Kept by another process; else a question asked before in other words (answered, or
+        in flight); else this request's own answer."""
         now = anyio.current_time()
-        match = await self._find(self.index, question, lambda k: self.store.alive(k, now))
-        kept = self.store.get(match.key, anyio.current_time()) if match else None
-        if match is not None and kept is not None:
-            self.stats.semantic_hits += 1
-            replay = self._replay(kept, match)
-        else:
+        replay: AsyncIterator[Event] | None = None
+        kept = await self._fetch(key)
+        if kept is not None:
+            self.stats.hits += 1
+            replay = self._replay(kept)
+        elif question is not None and self.semantic is not None:
+            remote = self.remote is not None  # another process's question: its answer is there
+            match = await self._find(
+                self.index, question, lambda k: remote or self.store.alive(k, now)
+            )
+            kept = await self._fetch(match.key) if match else None
+            if match is not None and kept is not None:
+                self.stats.semantic_hits += 1
+                replay = self._replay(kept, match)
+            elif match is not None:
+                self.index.discard(match.key)  # its answer is gone
+        if replay is None:
             self.stats.misses += 1
             near = None
-            if self.cache.single_flight:
+            if question is not None and self.semantic is not None and self.cache.single_flight:
                 near = await self._find(
                     self.in_flight, question, lambda k: self._joinable(k, now + deadline)
                 )
@@ -131,6 +148,15 @@ class Flights:
                 yield ev
         finally:
             await replay.aclose()  # type: ignore[attr-defined]
+
+    async def _fetch(self, key: str) -> tuple[Event, ...] | None:
+        """The answer kept under ``key``: here, else in the fleet's cache (then kept here)."""
+        kept = self.store.get(key, anyio.current_time())
+        if kept is None and self.remote is not None:
+            kept = await self.remote.get(key)
+            if kept is not None:
+                self.store.put(key, kept, _size(kept), anyio.current_time())
+        return kept
 
     async def _find(
         self, index: SemanticIndex, question: Question, alive: Callable[[str], bool]
@@ -219,9 +245,12 @@ class Flights:
         last = events[-1]
         if keep and isinstance(last, DoneEvent) and last.finish_reason in ("stop", "tool_calls"):
             kept = (*(e for e in events if e.type in _KEPT), last)
-            self.store.put(key, kept, len(last.text) + 64, anyio.current_time())
+            self.store.put(key, kept, _size(kept), anyio.current_time())
             if question is not None:
                 self.index.add(question.bucket, key, question.text, question.vector)
+            if self.remote is not None:
+                asked = (question.bucket, question.text, question.vector) if question else None
+                self.remote.put(self.tg, key, kept, _size(kept), asked)
 
     async def _follow(
         self, flight: _Flight, ends: float, *, joined: bool, match: Match | None = None
@@ -292,6 +321,12 @@ def _marked(
     return dataclasses.replace(
         done, cache=how, cache_match=match.question, cache_score=round(match.score, 4)
     )
+
+
+def _size(kept: tuple[Event, ...]) -> int:
+    """What a kept answer counts against ``Cache.max_chars``."""
+    last = kept[-1]
+    return (len(last.text) if isinstance(last, DoneEvent) else 0) + 64
 
 
 def _text(events: list[Event]) -> str:

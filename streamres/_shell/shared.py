@@ -21,7 +21,14 @@ key prefix (``shared_prefix``, default ``"streamres"``: one prefix per fleet) sh
   and reservation), so retries across the fleet stay within it rather than within it per
   process.
 
-Not shared (each process keeps its own): weights and metrics.
+- **weights** — a failure or a success on a degraded model moves the fleet's weight (one
+  script, published; every process applies the result), so load moves away from a failing
+  model in every process at once. A success on a healthy model costs nothing;
+- **metrics** — every second each process sends its counters and recent samples and takes
+  back everyone's (one script): ``Client.fleet_metrics()`` sums them; a process silent for
+  three seconds drops out.
+
+The answer cache, when the client has one, is shared too (``shared_cache``).
 
 A stream never waits on Redis longer than ``timeout`` (0.25 s). When Redis is slow or down,
 streams go on with this process's own limits and view: a warning is logged once, every
@@ -147,6 +154,48 @@ return tostring(out)
 """
 
 
+#: A model's weight for the fleet: ARGV[2] "failure" (x penalty) or "success" (a quarter of the
+#: way back), from ARGV[3] base, [4] penalty, [5] restore, [6] floor; published on ARGV[7].
+_WEIGHT = """
+local w = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[3])
+local base, penalty, restore, floor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
+  tonumber(ARGV[6])
+if ARGV[2] == 'failure' then
+  w = math.max(base * floor, w * penalty)
+else
+  w = math.min(base, w + (base - w) * restore)
+end
+if w >= base then redis.call('HDEL', KEYS[1], ARGV[1]) else
+  redis.call('HSET', KEYS[1], ARGV[1], tostring(w))
+end
+redis.call('PEXPIRE', KEYS[1], 86400000)
+redis.call('PUBLISH', ARGV[7], cjson.encode({kind = 'weight', route = ARGV[1], weight = w}))
+return tostring(w)
+"""
+
+#: This process's metrics for the fleet's view, and everyone's back: KEYS[1] the set of
+#: processes (score: when their figures expire); ARGV: id, figures (JSON), ms they last, key
+#: prefix of the figures.
+_METRICS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('SET', ARGV[4] .. ARGV[1], ARGV[2], 'PX', ttl)
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], ttl * 2)
+local out = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local figures = redis.call('GET', ARGV[4] .. id)
+  if figures then table.insert(out, figures) end
+end
+return out
+"""
+
+#: Seconds between two metrics syncs; a process silent for three is no longer counted.
+METRICS_EVERY = 1.0
+
+
 class SharedBudget(RetryBudget):
     """The client's retry budget, with deposits and refunds also sent to the shared one (the
     local balance is what this process falls back on when Redis is away)."""
@@ -208,7 +257,13 @@ class SharedState(Limits):
             tuple[str, list[str], list[Any]]
         ](10_000)
         self._redis: Any = None
+        self._scripts: dict[str, Any] = {}
+        #: The other processes' figures at the last sync (``Client.fleet_metrics``).
+        self.others: list[dict[str, dict[str, object]]] = []
         self._channel = f"{prefix}:events"
+        #: What to do with other kinds of news (by its ``kind``), for state kept elsewhere
+        #: (the shared answer cache).
+        self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -232,8 +287,8 @@ class SharedState(Limits):
             retry=Retry(NoBackoff(), 0),
             decode_responses=True,
         )
-        self._scripts = {
-            name: self._redis.register_script(src)
+        self._scripts.update(
+            (name, self._redis.register_script(src))
             for name, src in (
                 ("acquire", _ACQUIRE),
                 ("extend", _EXTEND),
@@ -242,9 +297,13 @@ class SharedState(Limits):
                 ("claim", _CLAIM),
                 ("unclaim", _UNCLAIM),
                 ("budget", _BUDGET),
+                ("weight", _WEIGHT),
+                ("metrics", _METRICS),
             )
-        }
+        )
         self.fleet.on_change = self._share
+        self.fleet.on_weight = self._weigh
+        self.handlers.setdefault("weight", self._weighed)
         local_budget = self.fleet.budget
         self.fleet.budget = SharedBudget(local_budget, self._budget_post)
         try:
@@ -253,6 +312,7 @@ class SharedState(Limits):
                 tg.start_soon(self._send_outbox)
                 tg.start_soon(self._keep_leases)
                 tg.start_soon(self._send_deposits)
+                tg.start_soon(self._sync_metrics_often)
                 # Subscribed first, then the state read: no news can fall in between.
                 with anyio.move_on_after(self.timeout * 4):
                     await self._subscribed.wait()
@@ -263,6 +323,7 @@ class SharedState(Limits):
                     tg.cancel_scope.cancel()
         finally:
             self.fleet.on_change = None
+            self.fleet.on_weight = None
             self.fleet.budget = local_budget
             self._outbox_send.close()
             self._outbox.close()
@@ -293,15 +354,37 @@ class SharedState(Limits):
 
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """One script, bounded in time; ``None`` (and local mode) when Redis does not answer."""
+        return await self._bounded(lambda: self._scripts[name](keys=keys, args=args))
+
+    async def _bounded(self, command: Callable[[], Any]) -> Any:
+        """One command, bounded in time; ``None`` (and local mode) when Redis does not answer."""
         if not self.connected:
             return None
         try:
             with anyio.fail_after(self.timeout * 2):
-                got = await self._scripts[name](keys=keys, args=args)
+                got = await command()
         except Exception as exc:  # redis errors, timeouts, a refused connection
             self._lost(exc)
             return None
         return got
+
+    # -- for state kept elsewhere (the shared answer cache) --------------------------------
+
+    def register(self, name: str, source: str) -> None:
+        """A Lua script for :meth:`run` (once running)."""
+        self._scripts[name] = self._redis.register_script(source)
+
+    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return await self._call(name, keys, args)
+
+    async def get(self, key: str) -> Any:
+        return await self._bounded(lambda: self._redis.get(key))
+
+    async def hgetall(self, key: str) -> Any:
+        return await self._bounded(lambda: self._redis.hgetall(key))
+
+    async def publish(self, event: dict[str, Any]) -> None:
+        await self._bounded(lambda: self._redis.publish(self._channel, json.dumps(event)))
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -387,6 +470,47 @@ class SharedState(Limits):
 
     # -- breaker openings and cool-downs -------------------------------------------------
 
+    # -- weights and metrics -------------------------------------------------------------
+
+    def _weigh(self, i: int, op: str) -> None:
+        """Fleet hook: a model's weight moved here; move the fleet's (the script publishes
+        the result, which every process — this one too — applies)."""
+        w = self.fleet.states[i].weight
+        self._post(
+            "weight",
+            [f"{self.prefix}:weights"],
+            [self.fleet.routes[i].key, op, w.base, w.penalty, w.restore, w.floor, self._channel],
+        )
+
+    def _weighed(self, event: dict[str, Any]) -> None:
+        i = self.fleet.by_key.get(str(event.get("route")))
+        weight = event.get("weight")
+        if i is not None and isinstance(weight, (int, float)):
+            self.fleet.set_weight(i, float(weight))
+            self.notify()
+
+    async def sync_metrics(self) -> None:
+        """Send this process's figures; take back every live process's (one round trip)."""
+        figures = json.dumps({"id": self.id, "routes": self.fleet.exported()})
+        got = await self._call(
+            "metrics",
+            [f"{self.prefix}:metrics:procs"],
+            [self.id, figures, int(METRICS_EVERY * 3000), f"{self.prefix}:metrics:of:"],
+        )
+        if got is not None:
+            others = []
+            for blob in got:
+                with contextlib.suppress(ValueError, TypeError):
+                    data = json.loads(blob)
+                    if data["id"] != self.id and isinstance(data["routes"], dict):
+                        others.append(data["routes"])
+            self.others = others
+
+    async def _sync_metrics_often(self) -> None:
+        while True:
+            await self.sync_metrics()
+            await anyio.sleep(METRICS_EVERY)
+
     # -- the retry budget ----------------------------------------------------------------
 
     def _budget_args(self, op: str) -> list[Any]:
@@ -462,6 +586,10 @@ class SharedState(Limits):
         for field, value in state.items():
             kind, _, route = field.partition(":")
             self._apply(kind, route, float(value))
+        weights = await self.hgetall(f"{self.prefix}:weights")
+        for route, value in (weights or {}).items():
+            if route in self.fleet.by_key:
+                self.fleet.set_weight(self.fleet.by_key[route], float(value))
 
     async def _listen(self) -> None:
         """Apply what other processes publish; wake slot waiters on a release. Reconnects
@@ -476,7 +604,10 @@ class SharedState(Limits):
                         if message.get("type") != "message":
                             continue
                         event = json.loads(message["data"] or "{}")
-                        if event.get("kind") == "slot":
+                        handler = self.handlers.get(event.get("kind", ""))
+                        if handler is not None:
+                            handler(event)
+                        elif event.get("kind") == "slot":
                             self._released.set()
                             self._released = anyio.Event()
                         elif event.get("from") != self.id and "route" in event:

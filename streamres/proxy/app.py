@@ -250,7 +250,7 @@ class Proxy:
     def health(self) -> dict[str, Any]:
         """Every model's health, with its reasons and the figures behind them."""
         models = {}
-        for name, m in self.client.metrics().items():
+        for name, m in self.client.fleet_metrics().items():
             models[name] = {
                 "model": m.model,
                 "status": m.health.status,
@@ -293,7 +293,7 @@ class Proxy:
             from streamres.prometheus import register
 
             self._metrics = CollectorRegistry()
-            register(self.client, self._metrics)
+            register(self.client, self._metrics, fleet=True)  # any worker may be scraped
         body = generate_latest(self._metrics)
         await _respond(send, 200, body, "text/plain; version=0.0.4; charset=utf-8")
 

@@ -1,0 +1,172 @@
+"""The answer cache shared through Redis, so every process (proxy workers) answers a repeat.
+I/O shell, over ``SharedState``'s connection.
+
+With ``Client(..., shared="redis://…", cache=Cache(...))`` each process keeps its own cache
+as before (the first place it looks), and behind it one cache for the fleet:
+
+- a complete answer is written to ``{prefix}:cache:a:{key}`` as JSON (never pickle: a shared
+  store must not run code) with the cache's ``ttl``, by one Lua script that also keeps an index
+  by time of writing and drops the oldest beyond ``max_entries`` and ``max_chars`` — for the
+  fleet, not per process. Written in the background: no answer waits for it;
+- a request this process has not kept looks there (one round trip, bounded like every call);
+- a question kept for the semantic cache (its context's hash, its text and its vector) is
+  stored with the answer and published: other processes add it to their index as it arrives,
+  and a process that starts later reads the kept ones. A near-repeat found in the index is
+  fetched like any other answer.
+
+When Redis is away every process uses its own cache only, and shares again when it is back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from streamres._core.cache import Cache, decode_answer, encode_answer
+from streamres._core.events import Event
+
+__all__ = ["SharedAnswers"]
+
+#: Write one answer and keep the fleet's cache within its bounds (the oldest written go
+#: first). KEYS: index (zset, score = ms written), sizes (hash), questions (hash), total.
+#: ARGV: key, blob, size, ttl ms, max entries, max size, entry key prefix, question or "".
+_PUT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[4])
+local function drop(member)
+  redis.call('ZREM', KEYS[1], member)
+  redis.call('DEL', ARGV[7] .. member)
+  redis.call('DECRBY', KEYS[4], tonumber(redis.call('HGET', KEYS[2], member) or '0'))
+  redis.call('HDEL', KEYS[2], member)
+  redis.call('HDEL', KEYS[3], member)
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - ttl)) do
+  drop(member)
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then drop(ARGV[1]) end
+redis.call('SET', ARGV[7] .. ARGV[1], ARGV[2], 'PX', ttl)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('INCRBY', KEYS[4], tonumber(ARGV[3]))
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[8]) end
+while redis.call('ZCARD', KEYS[1]) > tonumber(ARGV[5])
+    or redis.call('INCRBY', KEYS[4], 0) > tonumber(ARGV[6]) do
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if not oldest then break end
+  drop(oldest)
+end
+for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl * 2) end
+return 1
+"""
+
+
+class SharedAnswers:
+    """Kept answers (and semantic-cache questions) for every process sharing ``state``."""
+
+    def __init__(self, state: Any, cache: Cache) -> None:
+        self.state = state
+        self.cache = cache
+        base = f"{state.prefix}:cache"
+        self._entry = f"{base}:a:"
+        self._keys = [f"{base}:index", f"{base}:sizes", f"{base}:questions", f"{base}:total"]
+        state.register("cache_put", _PUT)
+        #: Given (bucket, key, question, vector) for each question another process kept.
+        self.on_question: Callable[[str, str, str, Sequence[float] | None], None] | None = None
+        state.handlers["question"] = self._heard
+        self._writing = 0
+        self._written = anyio.Event()
+
+    async def get(self, key: str) -> tuple[Event, ...] | None:
+        """The fleet's kept answer for ``key`` (``None``: not kept, or Redis is away)."""
+        blob = await self.state.get(self._entry + key)
+        return decode_answer(blob) if isinstance(blob, str) else None
+
+    def put(
+        self,
+        tg: anyio.abc.TaskGroup,
+        key: str,
+        kept: Sequence[Event],
+        size: int,
+        question: tuple[str, str, Sequence[float] | None] | None,
+    ) -> None:
+        """Write an answer for the fleet in the background (and tell the others of its
+        question)."""
+        self._writing += 1
+        tg.start_soon(self._write, key, kept, size, question)
+
+    async def _write(
+        self,
+        key: str,
+        kept: Sequence[Event],
+        size: int,
+        question: tuple[str, str, Sequence[float] | None] | None,
+    ) -> None:
+        try:
+            await self._put(key, kept, size, question)
+        finally:
+            self._writing -= 1
+            if not self._writing:
+                self._written.set()
+                self._written = anyio.Event()
+
+    async def flushed(self) -> None:
+        """Wait until the answers being written are (a client closing leaves the rest)."""
+        if self._writing:
+            await self._written.wait()
+
+    async def _put(
+        self,
+        key: str,
+        kept: Sequence[Event],
+        size: int,
+        question: tuple[str, str, Sequence[float] | None] | None,
+    ) -> None:
+        blob = await anyio.to_thread.run_sync(encode_answer, kept)  # counts may settle here
+        asked = ""
+        if question is not None:
+            bucket, text, vector = question
+            asked = json.dumps(
+                {
+                    "bucket": bucket,
+                    "key": key,
+                    "question": text,
+                    "vector": [float(x) for x in vector] if vector is not None else None,
+                },
+                ensure_ascii=False,
+            )
+        ttl_ms = max(1, int(self.cache.ttl * 1000))
+        args = [key, blob, size, ttl_ms, self.cache.max_entries, self.cache.max_chars]
+        done = await self.state.run("cache_put", self._keys, [*args, self._entry, asked])
+        if done is not None and asked:
+            await self.state.publish({"kind": "question", "from": self.state.id, "q": asked})
+
+    async def load_questions(self) -> None:
+        """The questions the fleet kept before this process started."""
+        kept = await self.state.hgetall(self._keys[2])
+        for value in (kept or {}).values():
+            self._add(value)
+
+    def _heard(self, event: dict[str, Any]) -> None:
+        if event.get("from") != self.state.id and isinstance(event.get("q"), str):
+            self._add(event["q"])
+
+    def _add(self, value: str) -> None:
+        if self.on_question is None:
+            return
+        try:
+            q = json.loads(value)
+            vector = q["vector"]
+            self.on_question(
+                str(q["bucket"]),
+                str(q["key"]),
+                str(q["question"]),
+                [float(x) for x in vector] if vector is not None else None,
+            )
+        except (ValueError, KeyError, TypeError):
+            return  # written by another version, or damaged: not used
