@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -72,10 +73,11 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A real redis-server on a free loopback port, that a test may stop and start again."""
+    """A real redis-server on a free loopback port, that a test may stop and start again
+    (``STREAMRES_REDIS_SERVER=/path/to/valkey-server`` runs the same tests on Valkey)."""
 
     def __init__(self, tmp: Path) -> None:
-        exe = shutil.which("redis-server")
+        exe = os.environ.get("STREAMRES_REDIS_SERVER") or shutil.which("redis-server")
         if exe is None:
             pytest.skip("redis-server is not installed (apt-get install redis-server)")
         self.exe, self.tmp, self.port = exe, tmp, free_port()
