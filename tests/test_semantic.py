@@ -259,6 +259,21 @@ def test_loading_the_bundled_model_leaves_the_applications_logging_alone() -> No
     assert out.stdout.split() == ["0", str(logging.WARNING)], out.stderr
 
 
+def test_a_semantic_cache_without_its_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "wordllama" else real(name, *a),
+    )
+    from streamres.proxy.config import ConfigError, parse
+
+    with pytest.raises(ConfigError, match=r"\[cache\]: .*pip install 'streamres\[semantic\]'"):
+        parse({"routes": [{"model": "m"}], "cache": {"semantic": {}}}, {})
+
+
 # --- the labelled pairs, with the bundled model (offline) ------------------------------------
 
 

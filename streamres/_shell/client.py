@@ -186,8 +186,9 @@ class Client:
         if self._flights is not None:
             flights = self._flights
             answers = SharedAnswers(state, flights.cache)
-            answers.on_question = flights.index.add
-            await answers.load_questions()
+            if flights.semantic is not None:
+                answers.on_question = flights.index.add
+                await answers.load_questions()
             flights.remote = answers
             self._stack.callback(setattr, flights, "remote", None)  # before Redis closes
         return self

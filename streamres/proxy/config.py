@@ -45,6 +45,7 @@ upstream (two models of one family under its fault storm), so the demo runs offl
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tomllib
 from collections.abc import Mapping
@@ -175,6 +176,11 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
                 if isinstance(semantic.get("routes"), list):
                     semantic["routes"] = tuple(semantic["routes"])
                 fields["semantic"] = streamres.Semantic(**semantic)
+                if importlib.util.find_spec("wordllama") is None:
+                    raise ValueError(
+                        "semantic needs the bundled model's package: "
+                        "pip install 'streamres[semantic]'"
+                    )
             cache = streamres.Cache(**fields)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"[cache]: {exc}") from exc
