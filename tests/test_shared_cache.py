@@ -20,11 +20,6 @@ from .conftest import RedisServer, collect
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # redis-py's asyncio client
-
-
 def _q(text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": text}]
 
@@ -108,23 +103,20 @@ async def test_near_repeats_are_answered_across_processes(redis_server: RedisSer
 async def test_the_fleets_cache_keeps_its_bounds(redis_server: RedisServer) -> None:
     """max_entries holds for the fleet: three answers with room for two, the oldest gone for
     every process; Redis holds two entries."""
-    import redis.asyncio as aioredis
+    import coredis
 
     cache = streamres.Cache(max_entries=2)
     async with Upstream() as up:
         async with _client(up, redis_server, cache) as a:
             for text in ("one?", "two?", "three?"):
                 await _ask(a, text)
-            await _flushed(a)
+                await _flushed(a)  # written in this order (writes run in the background)
         async with _client(up, redis_server, cache) as b:
             assert (await _ask(b, "three?")).cache == "hit"
             assert (await _ask(b, "one?")).cache == ""
-        r = aioredis.from_url(redis_server.url, decode_responses=True)
-        try:
+        async with coredis.Redis.from_url(redis_server.url, decode_responses=True) as r:
             assert await r.zcard("streamres:cache:index") == 2
             assert len(await r.keys("streamres:cache:a:*")) == 2
-        finally:
-            await r.aclose()
         assert len(up.requests) == 4
 
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 import httpx
-import sniffio
 
 from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
@@ -58,7 +57,7 @@ class Client:
 
     ``shared="redis://host:6379/0"`` shares concurrency slots, breaker openings, cool-downs,
     the half-open probe and the retry budget with every process using the same Redis and
-    ``shared_prefix`` (asyncio only). ``cache=Cache(...)`` turns on single-flight and the exact
+    ``shared_prefix``. ``cache=Cache(...)`` turns on single-flight and the exact
     answer cache.
     """
 
@@ -168,11 +167,6 @@ class Client:
         if self._shared is None:
             self._limits = Limits(self.routes, self._account_limits)
             return self
-        if sniffio.current_async_library() != "asyncio":
-            raise InvalidRequest(
-                "shared state on Redis needs the asyncio backend (redis-py's asyncio client)",
-                reason="invalid",
-            )
         state = SharedState(
             self._shared,
             self.routes,

@@ -34,11 +34,12 @@ A stream never waits on Redis longer than ``timeout`` (0.25 s). When Redis is sl
 streams go on with this process's own limits and view: a warning is logged once, every
 model's health says so, and ``Client.shared_status()`` counts the slots taken locally;
 a background check rejoins when Redis answers again. Works with Redis and Valkey through
-redis-py's asyncio client, which runs on asyncio only (not trio).
+coredis (by the author of the ``limits`` library), built on anyio: asyncio and trio alike.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -169,8 +170,10 @@ if w >= base then redis.call('HDEL', KEYS[1], ARGV[1]) else
   redis.call('HSET', KEYS[1], ARGV[1], tostring(w))
 end
 redis.call('PEXPIRE', KEYS[1], 86400000)
-redis.call('PUBLISH', ARGV[7], cjson.encode({kind = 'weight', route = ARGV[1], weight = w}))
-return tostring(w)
+local exact = string.format('%.17g', w)  -- cjson would round to 14 digits
+redis.call('PUBLISH', ARGV[7],
+  '{"kind":"weight","route":' .. cjson.encode(ARGV[1]) .. ',"weight":' .. exact .. '}')
+return exact
 """
 
 #: This process's metrics for the fleet's view, and everyone's back: KEYS[1] the set of
@@ -258,6 +261,8 @@ class SharedState(Limits):
         ](10_000)
         self._redis: Any = None
         self._scripts: dict[str, Any] = {}
+        #: Round trips made, by script (or command) name.
+        self.calls: collections.Counter[str] = collections.Counter()
         #: The other processes' figures at the last sync (``Client.fleet_metrics``).
         self.others: list[dict[str, dict[str, object]]] = []
         self._channel = f"{prefix}:events"
@@ -269,22 +274,23 @@ class SharedState(Limits):
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[SharedState]:
-        import redis.asyncio as aioredis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+        import coredis
+        from coredis.retry import NoRetryPolicy
 
-        self._redis = aioredis.from_url(
+        # No retries inside the client: a call that fails is this module's to handle (local
+        # mode), within its own bound.
+        self._redis = coredis.Redis.from_url(
             self.url,
-            socket_timeout=self.timeout,
-            socket_connect_timeout=self.timeout,
-            retry=Retry(NoBackoff(), 0),
+            stream_timeout=self.timeout,
+            connect_timeout=self.timeout,
+            retry_policy=NoRetryPolicy(),
             decode_responses=True,
         )
         # Pub/sub waits for messages indefinitely: its own connection, without a read timeout.
-        self._subscriber = aioredis.from_url(
+        self._subscriber = coredis.Redis.from_url(
             self.url,
-            socket_connect_timeout=self.timeout,
-            retry=Retry(NoBackoff(), 0),
+            connect_timeout=self.timeout,
+            retry_policy=NoRetryPolicy(),
             decode_responses=True,
         )
         self._scripts.update(
@@ -307,7 +313,7 @@ class SharedState(Limits):
         local_budget = self.fleet.budget
         self.fleet.budget = SharedBudget(local_budget, self._budget_post)
         try:
-            async with anyio.create_task_group() as tg:
+            async with self._redis, self._subscriber, anyio.create_task_group() as tg:
                 tg.start_soon(self._listen)
                 tg.start_soon(self._send_outbox)
                 tg.start_soon(self._keep_leases)
@@ -321,16 +327,15 @@ class SharedState(Limits):
                     yield self
                 finally:
                     tg.cancel_scope.cancel()
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                        await self._drain()  # before the connections close
+                        await self._release_all()
         finally:
             self.fleet.on_change = None
             self.fleet.on_weight = None
             self.fleet.budget = local_budget
             self._outbox_send.close()
             self._outbox.close()
-            with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                await self._release_all()
-                await self._redis.aclose()
-                await self._subscriber.aclose()
 
     def status(self) -> SharedStatus:
         return SharedStatus(redact_url(self.url), self.connected, self.local_fallbacks)
@@ -354,6 +359,7 @@ class SharedState(Limits):
 
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """One script, bounded in time; ``None`` (and local mode) when Redis does not answer."""
+        self.calls[name] += 1
         return await self._bounded(lambda: self._scripts[name](keys=keys, args=args))
 
     async def _bounded(self, command: Callable[[], Any]) -> Any:
@@ -378,12 +384,15 @@ class SharedState(Limits):
         return await self._call(name, keys, args)
 
     async def get(self, key: str) -> Any:
+        self.calls["get"] += 1
         return await self._bounded(lambda: self._redis.get(key))
 
     async def hgetall(self, key: str) -> Any:
+        self.calls["hgetall"] += 1
         return await self._bounded(lambda: self._redis.hgetall(key))
 
     async def publish(self, event: dict[str, Any]) -> None:
+        self.calls["publish"] += 1
         await self._bounded(lambda: self._redis.publish(self._channel, json.dumps(event)))
 
     # -- slots ---------------------------------------------------------------------------
@@ -441,6 +450,15 @@ class SharedState(Limits):
 
     async def _send_outbox(self) -> None:
         async for name, keys, args in self._outbox:
+            await self._call(name, keys, args)
+
+    async def _drain(self) -> None:
+        """What was posted and not yet sent (releases of answers that just ended)."""
+        while True:
+            try:
+                name, keys, args = self._outbox.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return
             await self._call(name, keys, args)
 
     async def _release_all(self) -> None:
@@ -596,14 +614,14 @@ class SharedState(Limits):
         when Redis comes back."""
         while True:
             try:
-                async with self._subscriber.pubsub() as pubsub:
-                    await pubsub.subscribe(self._channel)
-                    async for message in pubsub.listen():
+                async with self._subscriber.pubsub(channels=[self._channel]) as pubsub:
+                    async for message in pubsub:
                         if message.get("type") == "subscribe":  # the server confirmed it
                             self._subscribed.set()
-                        if message.get("type") != "message":
+                        data = message.get("data")
+                        if message.get("type") != "message" or not isinstance(data, str):
                             continue
-                        event = json.loads(message["data"] or "{}")
+                        event = json.loads(data or "{}")
                         handler = self.handlers.get(event.get("kind", ""))
                         if handler is not None:
                             handler(event)
