@@ -226,7 +226,9 @@ async def test_a_failing_model_costs_the_match_not_the_answer() -> None:
         assert (again.cache, same.cache, same.cache_score) == ("", "semantic", 1.0)
 
 
-def test_the_bundled_model_needs_its_package_said_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def without_wordllama(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if the semantic extra were not installed."""
     import importlib.util
 
     real = importlib.util.find_spec
@@ -235,6 +237,10 @@ def test_the_bundled_model_needs_its_package_said_plainly(monkeypatch: pytest.Mo
         "find_spec",
         lambda name, *a: None if name == "wordllama" else real(name, *a),
     )
+
+
+@pytest.mark.usefixtures("without_wordllama")
+def test_the_bundled_model_needs_its_package_said_plainly() -> None:
     with pytest.raises(streamres.InvalidRequest, match=r"pip install 'streamres\[semantic\]'"):
         streamres.Client(
             [streamres.Route("m", base_url="http://127.0.0.1:9/v1", api_key="k")],
@@ -259,15 +265,8 @@ def test_loading_the_bundled_model_leaves_the_applications_logging_alone() -> No
     assert out.stdout.split() == ["0", str(logging.WARNING)], out.stderr
 
 
-def test_a_semantic_cache_without_its_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "wordllama" else real(name, *a),
-    )
+@pytest.mark.usefixtures("without_wordllama")
+def test_a_semantic_cache_without_its_package_is_one_line() -> None:
     from streamres.proxy.config import ConfigError, parse
 
     with pytest.raises(ConfigError, match=r"\[cache\]: .*pip install 'streamres\[semantic\]'"):

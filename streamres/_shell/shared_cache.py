@@ -32,6 +32,9 @@ from streamres._core.events import Event
 
 __all__ = ["SharedAnswers"]
 
+#: A kept question: its context's hash, its text and its vector (if it was embedded).
+Asked = tuple[str, str, Sequence[float] | None]
+
 #: Write one answer and keep the fleet's cache within its bounds (the oldest written go
 #: first). KEYS: index (zset, score = order of writing), sizes (hash), questions (hash), total
 #: size, the order's counter, times written (hash, ms). ARGV: key, blob, size, ttl ms, max
@@ -100,58 +103,43 @@ class SharedAnswers:
         key: str,
         kept: Sequence[Event],
         size: int,
-        question: tuple[str, str, Sequence[float] | None] | None,
+        asked: Asked | None,
     ) -> None:
-        """Write an answer for the fleet in the background (and tell the others of its
-        question)."""
+        """Write an answer for the fleet in the background (and tell the others of the
+        question it answers, for their semantic cache)."""
         self._writing += 1
-        tg.start_soon(self._write, key, kept, size, question)
-
-    async def _write(
-        self,
-        key: str,
-        kept: Sequence[Event],
-        size: int,
-        question: tuple[str, str, Sequence[float] | None] | None,
-    ) -> None:
-        try:
-            await self._put(key, kept, size, question)
-        finally:
-            self._writing -= 1
-            if not self._writing:
-                self._written.set()
-                self._written = anyio.Event()
+        tg.start_soon(self._write, key, kept, size, asked)
 
     async def flushed(self) -> None:
         """Wait until the answers being written are (a client closing leaves the rest)."""
         if self._writing:
             await self._written.wait()
 
-    async def _put(
-        self,
-        key: str,
-        kept: Sequence[Event],
-        size: int,
-        question: tuple[str, str, Sequence[float] | None] | None,
-    ) -> None:
-        blob = await anyio.to_thread.run_sync(encode_answer, kept)  # counts may settle here
-        asked = ""
-        if question is not None:
-            bucket, text, vector = question
-            asked = json.dumps(
-                {
-                    "bucket": bucket,
-                    "key": key,
-                    "question": text,
-                    "vector": [float(x) for x in vector] if vector is not None else None,
-                },
-                ensure_ascii=False,
-            )
-        ttl_ms = max(1, int(self.cache.ttl * 1000))
-        args = [key, blob, size, ttl_ms, self.cache.max_entries, self.cache.max_chars]
-        done = await self.state.run("cache_put", self._keys, [*args, self._entry, asked])
-        if done is not None and asked:
-            await self.state.publish({"kind": "question", "from": self.state.id, "q": asked})
+    async def _write(self, key: str, kept: Sequence[Event], size: int, asked: Asked | None) -> None:
+        try:
+            blob = await anyio.to_thread.run_sync(encode_answer, kept)  # counts may settle here
+            question = ""
+            if asked is not None:
+                bucket, text, vector = asked
+                question = json.dumps(
+                    {
+                        "bucket": bucket,
+                        "key": key,
+                        "question": text,
+                        "vector": [float(x) for x in vector] if vector is not None else None,
+                    },
+                    ensure_ascii=False,
+                )
+            ttl_ms = max(1, int(self.cache.ttl * 1000))
+            args = [key, blob, size, ttl_ms, self.cache.max_entries, self.cache.max_chars]
+            done = await self.state.run("cache_put", self._keys, [*args, self._entry, question])
+            if done is not None and question:
+                await self.state.publish({"kind": "question", "from": self.state.id, "q": question})
+        finally:
+            self._writing -= 1
+            if not self._writing:
+                self._written.set()
+                self._written = anyio.Event()
 
     async def load_questions(self) -> None:
         """The questions the fleet kept before this process started."""

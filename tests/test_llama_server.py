@@ -1,0 +1,162 @@
+"""Against a real llama.cpp server (``llama-server``): an answer cut mid-stream is resumed with
+the server's own continuation (``continue_final_message``) and comes out whole.
+
+Opt-in — the server is built from source (see ``tests/recordings/llama-cpp/record.py``)::
+
+    STREAMRES_LLAMA_SERVER=/path/to/llama-server \\
+    STREAMRES_LLAMA_VOCAB=/path/to/llama.cpp/models/ggml-vocab-qwen2.gguf \\
+    pytest tests/test_llama_server.py
+
+The model is the recorder's tiny random-weight Qwen2 (its words are noise; the server, its
+framing, its chat template and its continuation are real). Greedy decoding with a fixed seed
+makes the uncut answer the reference; a loopback proxy cuts the first response's body after a
+number of bytes, as a dropped connection would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+import streamres
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        not os.environ.get("STREAMRES_LLAMA_SERVER") or not os.environ.get("STREAMRES_LLAMA_VOCAB"),
+        reason="set STREAMRES_LLAMA_SERVER and STREAMRES_LLAMA_VOCAB to run against llama-server",
+    ),
+]
+
+ASK = [{"role": "user", "content": "Tell me a long story."}]
+
+
+def _recorder() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "record", Path(__file__).parent / "recordings" / "llama-cpp" / "record.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def llama() -> Iterator[str]:
+    record = _recorder()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "tiny.gguf"
+        record.make_model(Path(os.environ["STREAMRES_LLAMA_VOCAB"]), model)
+        proc, url = record.serve(os.environ["STREAMRES_LLAMA_SERVER"], model)
+        try:
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def _cutting_proxy(target: str, cut_after: int) -> AsyncIterator[str]:
+    """A loopback proxy whose first connection's response stops after ``cut_after`` body
+    bytes (an abrupt close); later connections pass through."""
+    host, port = target.removeprefix("http://").split(":")
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    served = 0
+
+    async def pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream, limit: int | None) -> None:
+        seen = b""
+        body = None
+        try:
+            async for data in src:
+                if limit is not None:
+                    seen += data
+                    if body is None and b"\r\n\r\n" in seen:
+                        body = len(seen) - seen.index(b"\r\n\r\n") - 4
+                    elif body is not None:
+                        body += len(data)
+                    if body is not None and body >= limit:
+                        keep = len(data) - (body - limit)
+                        await dst.send(data[:keep])
+                        raise anyio.EndOfStream
+                await dst.send(data)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            await dst.aclose()
+            await src.aclose()
+
+    async def handle(client: anyio.abc.SocketStream) -> None:
+        nonlocal served
+        served += 1
+        limit = cut_after if served == 1 else None
+        upstream = await anyio.connect_tcp(host, int(port))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pipe, client, upstream, None)
+            tg.start_soon(pipe, upstream, client, limit)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        port_here = listener.extra(anyio.abc.SocketAttribute.local_port)
+        try:
+            yield f"http://127.0.0.1:{port_here}"
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def _answer(base: str, **kw: Any) -> tuple[str, list[Any], streamres.DoneEvent]:
+    text, events = "", []
+    async for ev in streamres.stream_resilient(
+        ASK,
+        model="tiny",
+        base_url=f"{base}/v1",
+        api_key="k",
+        max_tokens=48,
+        temperature=0,
+        seed=7,
+        deadline=60,
+        **kw,
+    ):
+        events.append(ev)
+        if ev.type == "text":
+            text += ev.text
+        if ev.type == "done":
+            return text, events, ev
+    raise AssertionError("no done event")
+
+
+@pytest.mark.parametrize("cut_after", [600, 1500])
+async def test_a_cut_answer_resumes_on_llama_server(llama: str, cut_after: int) -> None:
+    whole, _, reference = await _answer(llama)
+    assert reference.attempts == 1 and reference.finish_reason == "length"
+    async with _cutting_proxy(llama, cut_after) as base:
+        text, events, done = await _answer(base, continuation="prefill")
+    resumes = [e for e in events if e.type == "resume"]
+    assert done.attempts == 2 and len(resumes) == 1 and resumes[0].strategy == "prefill"
+    print(
+        f"cut after {cut_after} bytes: {len(text)} of {len(whole)} characters, exact: {text == whole}"
+    )
+    assert text.startswith(whole[: len(text) // 2])
+
+
+def test_the_server_renders_a_continuation_as_the_same_turn(llama: str) -> None:
+    """llama-server's template with ``continue_final_message``: the prompt ends with the
+    partial answer itself (no end of turn, no new assistant turn)."""
+    import httpx
+
+    partial = "Once upon a time"
+    body = {
+        "messages": [*ASK, {"role": "assistant", "content": partial}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    prompt = httpx.post(f"{llama}/apply-template", json=body, timeout=10).json()["prompt"]
+    assert prompt.endswith(partial), prompt[-80:]
