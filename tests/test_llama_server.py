@@ -69,13 +69,12 @@ async def _cutting_proxy(target: str, cut_after: int) -> AsyncIterator[str]:
     """A loopback proxy whose first connection's response stops after ``cut_after`` body
     bytes (an abrupt close); later connections pass through."""
     host, port = target.removeprefix("http://").split(":")
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     served = 0
 
     async def pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream, limit: int | None) -> None:
-        seen = b""
-        body = None
-        try:
+        """Copy until ``src`` ends (or ``limit`` body bytes have gone through)."""
+        seen, body = b"", None
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
             async for data in src:
                 if limit is not None:
                     seen += data
@@ -84,37 +83,42 @@ async def _cutting_proxy(target: str, cut_after: int) -> AsyncIterator[str]:
                     elif body is not None:
                         body += len(data)
                     if body is not None and body >= limit:
-                        keep = len(data) - (body - limit)
-                        await dst.send(data[:keep])
-                        raise anyio.EndOfStream
+                        await dst.send(data[: len(data) - (body - limit)])
+                        return
                 await dst.send(data)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-        finally:
-            await dst.aclose()
-            await src.aclose()
 
     async def handle(client: anyio.abc.SocketStream) -> None:
         nonlocal served
         served += 1
         limit = cut_after if served == 1 else None
-        upstream = await anyio.connect_tcp(host, int(port))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pipe, client, upstream, None)
-            tg.start_soon(pipe, upstream, client, limit)
+        async with (
+            client,
+            await anyio.connect_tcp(host, int(port)) as upstream,
+            anyio.create_task_group() as tg,
+        ):
 
-    async with anyio.create_task_group() as tg:
+            async def both_ways(src: Any, dst: Any, limit: int | None) -> None:
+                await pipe(src, dst, limit)
+                tg.cancel_scope.cancel()  # one way ended: the connection ends
+
+            tg.start_soon(both_ways, client, upstream, None)
+            tg.start_soon(both_ways, upstream, client, limit)
+
+    async with (
+        await anyio.create_tcp_listener(local_host="127.0.0.1") as listener,
+        anyio.create_task_group() as tg,
+    ):
         tg.start_soon(listener.serve, handle)
-        port_here = listener.extra(anyio.abc.SocketAttribute.local_port)
+        here = listener.extra(anyio.abc.SocketAttribute.local_port)
         try:
-            yield f"http://127.0.0.1:{port_here}"
+            yield f"http://127.0.0.1:{here}"
         finally:
             tg.cancel_scope.cancel()
 
 
 async def _answer(base: str, **kw: Any) -> tuple[str, list[Any], streamres.DoneEvent]:
     text, events = "", []
-    async for ev in streamres.stream_resilient(
+    stream = streamres.stream_resilient(
         ASK,
         model="tiny",
         base_url=f"{base}/v1",
@@ -124,27 +128,34 @@ async def _answer(base: str, **kw: Any) -> tuple[str, list[Any], streamres.DoneE
         seed=7,
         deadline=60,
         **kw,
-    ):
-        events.append(ev)
-        if ev.type == "text":
-            text += ev.text
-        if ev.type == "done":
-            return text, events, ev
+    )
+    async with stream:
+        async for ev in stream:
+            events.append(ev)
+            if ev.type == "text":
+                text += ev.text
+            if ev.type == "done":
+                return text, events, ev
     raise AssertionError("no done event")
 
 
-@pytest.mark.parametrize("cut_after", [600, 1500])
+@pytest.mark.parametrize("cut_after", [900, 3000, 6000])
 async def test_a_cut_answer_resumes_on_llama_server(llama: str, cut_after: int) -> None:
+    """The answer cut after ``cut_after`` bytes and resumed with ``continue_final_message``
+    is the uncut answer's own text, nothing repeated or skipped — up to where the token
+    budget ends it: the budget left for the resumed request is counted with the ledger's
+    encoding (cl100k_base), not the server's tokenizer, and the two count this noise in many
+    scripts differently, so it may end early (or late): the same answer, cut elsewhere."""
     whole, _, reference = await _answer(llama)
     assert reference.attempts == 1 and reference.finish_reason == "length"
     async with _cutting_proxy(llama, cut_after) as base:
         text, events, done = await _answer(base, continuation="prefill")
     resumes = [e for e in events if e.type == "resume"]
     assert done.attempts == 2 and len(resumes) == 1 and resumes[0].strategy == "prefill"
-    print(
-        f"cut after {cut_after} bytes: {len(text)} of {len(whole)} characters, exact: {text == whole}"
-    )
-    assert text.startswith(whole[: len(text) // 2])
+    assert resumes[0].chars_so_far > 0 and done.finish_reason == "length"
+    shorter, longer = sorted((text, whole), key=len)
+    assert longer.startswith(shorter), (whole, text)
+    print(f"cut after {cut_after} bytes: {len(text)} of the uncut answer's {len(whole)} characters")
 
 
 def test_the_server_renders_a_continuation_as_the_same_turn(llama: str) -> None:

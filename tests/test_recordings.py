@@ -162,3 +162,33 @@ async def test_the_parallel_wrapper_recording_gives_the_calls_inside() -> None:
     body = (RECORDINGS / rec).read_bytes()
     got, _ = await replay(body, "responses", _events(body))
     assert [name for name, _ in got.tool_calls] == ["weather", "cityAttractions"]
+
+
+async def test_llama_server_reasoning_arrives_as_thinking_events() -> None:
+    """llama-server streaming Qwen3's thinking as ``reasoning_content`` (unasked): every
+    character comes out as thinking, none as answer text, and the done event keeps it."""
+    body = (RECORDINGS / "llama-cpp/chat-qwen3-reasoning.sse").read_bytes()
+    reasoning = "".join(
+        choice["delta"].get("reasoning_content") or ""
+        for event in _events(body)
+        if event.startswith(b"data: {")
+        for choice in json.loads(event[6:])["choices"]
+    )
+    assert reasoning
+    thinking = ""
+    async with hostile([head(), *(chunk(e) for e in _events(body)), END]) as srv:
+        stream = streamres.stream_resilient(
+            [{"role": "user", "content": "hi"}],
+            model="m",
+            base_url=srv.url,
+            api_key="k",
+            max_attempts=1,
+        )
+        async with stream:
+            async for ev in stream:
+                if ev.type == "thinking":
+                    thinking += ev.text
+                elif ev.type == "done":
+                    done = ev
+    assert thinking == reasoning == done.thinking and done.text == ""
+    assert done.finish_reason == "length" and done.usage.output_tokens == 24

@@ -5,11 +5,14 @@
 ``LLAMA_SERVER``: a ``llama-server`` binary (built from llama.cpp's source, for example the copy
 vendored in llama-cpp-python's sdist on PyPI: ``cmake -B build -DLLAMA_CURL=OFF && cmake --build
 build --target llama-server``). ``VOCAB_GGUF``: llama.cpp's ``models/ggml-vocab-qwen2.gguf``
-(Qwen2's real tokenizer and chat template, no weights). No model weights can be downloaded here,
+(Qwen2's real tokenizer, no weights; the chat templates come from ``models/templates/`` beside
+it). No model weights can be downloaded here,
 so this script writes a tiny Qwen2-architecture model with random weights around that
 vocabulary (``gguf``, llama.cpp's own writer): what it says is noise, but every byte of the
-stream — framing, chunk shapes, finish reasons, usage, tool-call deltas, grammar-constrained
-output, continuation — is llama-server's own. Greedy decoding and fixed seeds make each
+stream — framing, chunk shapes, finish reasons, usage, reasoning deltas, grammar-constrained
+output, continuation, logprobs — is llama-server's own. (Tool calls are not recorded: a random
+model does not reach the tool-call syntax, and llama-server refuses a custom grammar with
+tools.) Greedy decoding and fixed seeds make each
 recording the same on every run of the same build.
 
 Writes ``chat-*.sse`` here and their entries in ``../SOURCES.json`` (replayed by
@@ -37,30 +40,10 @@ LLAMA_CPP = "ggml-org/llama.cpp"
 #: The llama.cpp commit llama-cpp-python 0.3.36 vendors (its CHANGELOG).
 COMMIT = "0c1e57098"
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-NOW = {
-    "type": "function",
-    "function": {
-        "name": "current_time",
-        "description": "The time now",
-        "parameters": {"type": "object", "properties": {}},
-    },
-}
 ASK = [{"role": "user", "content": "Say hello."}]
 USAGE = {"stream_options": {"include_usage": True}}
 
-#: name -> (request body, what it shows)
+#: name -> (request body, what it shows), served with Qwen2.5's chat template
 REQUESTS: dict[str, tuple[dict[str, Any], str]] = {
     "text-length": ({"messages": ASK, "max_tokens": 24, **USAGE}, "text cut by max_tokens"),
     "text-no-usage": ({"messages": ASK, "max_tokens": 16}, "no usage chunk unless asked"),
@@ -84,26 +67,6 @@ REQUESTS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "grammar-constrained text that ends by itself (finish stop)",
     ),
-    "tool-call": (
-        {
-            "messages": [{"role": "user", "content": "Weather in Paris?"}],
-            "tools": [WEATHER],
-            "tool_choice": "required",
-            "max_tokens": 96,
-            **USAGE,
-        },
-        "a tool call with arguments",
-    ),
-    "tool-call-no-parameters": (
-        {
-            "messages": [{"role": "user", "content": "What time is it?"}],
-            "tools": [NOW],
-            "tool_choice": "required",
-            "max_tokens": 64,
-            **USAGE,
-        },
-        "a tool call to a function without parameters",
-    ),
     "continue-final-message": (
         {
             "messages": [*ASK, {"role": "assistant", "content": "Hello! I am"}],
@@ -119,6 +82,27 @@ REQUESTS: dict[str, tuple[dict[str, Any], str]] = {
         "chunks carrying logprobs",
     ),
 }
+#: Served with Qwen3's chat template: the model opens a thinking block (its first token pushed
+#: to ``<think>`` by a logit bias, then held off by the presence penalty) and llama-server
+#: streams what follows as ``reasoning_content``, unasked.
+THINKING: dict[str, tuple[dict[str, Any], str]] = {
+    "qwen3-reasoning": (
+        {
+            "messages": ASK,
+            "max_tokens": 24,
+            "logit_bias": [["<think>", 30]],
+            "presence_penalty": 100,
+            **USAGE,
+        },
+        "reasoning_content deltas, unasked",
+    ),
+}
+TEMPLATES = {"Qwen-Qwen2.5-7B-Instruct.jinja": REQUESTS, "Qwen-Qwen3-0.6B.jinja": THINKING}
+
+
+#: The tokens Qwen2.5 and Qwen3 add to Qwen2's vocabulary for tool calls and thinking (their
+#: ids in those models), which the vocabulary-only file leaves as padding.
+ADDED = {151657: "<tool_call>", 151658: "</tool_call>", 151667: "<think>", 151668: "</think>"}
 
 
 def make_model(vocab: Path, out: Path) -> None:
@@ -151,8 +135,12 @@ def make_model(vocab: Path, out: Path) -> None:
     w.add_tokenizer_model(value("tokenizer.ggml.model"))
     w.add_tokenizer_pre(value("tokenizer.ggml.pre"))
     tokens = value("tokenizer.ggml.tokens")
+    types = value("tokenizer.ggml.token_type")
+    for i, added in ADDED.items():  # Qwen2.5's and Qwen3's added tokens, at their ids there
+        assert tokens[i].startswith("[PAD"), tokens[i]
+        tokens[i], types[i] = added, 4  # user-defined: read from text, written as text
     w.add_token_list(tokens)
-    w.add_token_types(value("tokenizer.ggml.token_type"))
+    w.add_token_types(types)
     w.add_token_merges(value("tokenizer.ggml.merges"))
     w.add_eos_token_id(value("tokenizer.ggml.eos_token_id"))
     w.add_bos_token_id(value("tokenizer.ggml.bos_token_id"))
@@ -183,13 +171,18 @@ def make_model(vocab: Path, out: Path) -> None:
     w.close()
 
 
-def serve(binary: str, model: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """llama-server on a free loopback port, once its health says ready."""
+def serve(
+    binary: str, model: Path, template: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """llama-server on a free loopback port (with ``template`` as its chat template), once its
+    health says ready."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--jinja"]
-    argv += ["-c", "2048", "-np", "1", "--seed", "7", "-t", "2"]
+    argv += ["-c", "2048", "-np", "1", "--seed", "7", "-t", "2", "--alias", "tiny"]
+    if template is not None:
+        argv += ["--chat-template-file", str(template)]
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,
@@ -218,15 +211,21 @@ def record(url: str, body: dict[str, Any]) -> bytes:
 def main(binary: str, vocab: str) -> None:
     version = subprocess.run([binary, "--version"], capture_output=True, text=True)
     build = (version.stdout + version.stderr).strip().splitlines()[0]
+    templates = Path(vocab).parent / "templates"
+    bodies: dict[str, bytes] = {}
+    shows: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "tiny-random-qwen2.gguf"
         make_model(Path(vocab), model)
-        proc, url = serve(binary, model)
-        try:
-            bodies = {name: record(url, body) for name, (body, _) in REQUESTS.items()}
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+        for template, requests in TEMPLATES.items():
+            proc, url = serve(binary, model, templates / template)
+            try:
+                for name, (body, shown) in requests.items():
+                    bodies[name] = record(url, body)
+                    shows[name] = f"{shown}; chat template models/templates/{template}"
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
     sources = [s for s in json.loads(SOURCES.read_text("utf-8")) if s["repository"] != LLAMA_CPP]
     for name, raw in bodies.items():
         file = HERE / f"chat-{name}.sse"
@@ -235,7 +234,7 @@ def main(binary: str, vocab: str) -> None:
             {
                 "file": f"llama-cpp/{file.name}",
                 "repository": LLAMA_CPP,
-                "path": f"tools/server (llama-server {build}): {REQUESTS[name][1]}",
+                "path": f"tools/server (llama-server {build}): {shows[name]}",
                 "commit": COMMIT,
                 "api": "chat",
                 "framing": "raw bytes, recorded here from llama-server (tests/recordings/llama-cpp/record.py)",
