@@ -192,3 +192,30 @@ async def test_llama_server_reasoning_arrives_as_thinking_events() -> None:
                     done = ev
     assert thinking == reasoning == done.thinking and done.text == ""
     assert done.finish_reason == "length" and done.usage.output_tokens == 24
+
+
+async def test_llama_cpp_python_cut_by_the_next_request_is_resumed() -> None:
+    """llama-cpp-python's server ends an answer a newer request interrupts with ``[DONE]`` and
+    no finish reason (recorded): streamres reads that as cut short and resumes — the answer is
+    the cut text followed by the next response's, once, never a short answer called done."""
+    cut = (RECORDINGS / "llama-cpp-python/chat-cut-by-next-request.sse").read_bytes()
+    whole = (RECORDINGS / "llama-cpp-python/chat-text-length.sse").read_bytes()
+    cut_text = view("chat", cut)
+    assert cut_text is not None and cut_text.finish_reason is None and cut_text.text
+    first = [head(), *(chunk(e) for e in _events(cut)), END]
+    then = [head(), *(chunk(e) for e in _events(whole)), END]
+    async with hostile(first, then) as srv:
+        stream = streamres.stream_resilient(
+            [{"role": "user", "content": "hi"}],
+            model="m",
+            base_url=srv.url,
+            api_key="k",
+            continuation="prefill",
+            deadline=30,
+        )
+        async with stream:
+            events = [ev async for ev in stream]
+    done = events[-1]
+    assert isinstance(done, streamres.DoneEvent) and done.attempts == 2
+    assert [e.reason for e in events if e.type == "resume"] == ["truncated"]
+    assert done.text.startswith(cut_text.text) and done.finish_reason == "length"
