@@ -149,6 +149,26 @@ async def test_weights_and_metrics_are_the_fleets(redis_server: RedisServer) -> 
             assert alone.fleet_metrics()["a"].requests == 0
 
 
+async def test_damaged_news_on_the_channel_is_ignored(redis_server: RedisServer) -> None:
+    """Messages on the fleet's channel that are not its news (not JSON, not an object) change
+    nothing: Redis stays reachable, and the next real news is applied."""
+    import coredis
+
+    route = streamres.Route("m", base_url="http://127.0.0.1:9/v1", api_key="k")
+    async with (
+        streamres.Client([route], shared=redis_server.url) as client,
+        coredis.Redis.from_url(redis_server.url, decode_responses=True) as r,
+    ):
+        for junk in ("not json", "[1, 2]", "null", '{"kind": "weight", "route": "m"}'):
+            await r.publish("streamres:events", junk)
+        await r.publish("streamres:events", '{"kind": "weight", "route": "m", "weight": 0.5}')
+        with anyio.fail_after(5):
+            while client.metrics()["m"].weight != 0.5:
+                await client._limits.changed(0.1)  # type: ignore[union-attr]
+        status = client.shared_status()
+        assert status is not None and status.connected
+
+
 async def test_streams_go_on_when_redis_goes_away_and_rejoin(redis_server: RedisServer) -> None:
     """Redis killed while answers stream and new ones start: every answer is exact, health
     says why limits are local, and once Redis is back the state is shared again."""

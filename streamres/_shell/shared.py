@@ -166,11 +166,11 @@ if ARGV[2] == 'failure' then
 else
   w = math.min(base, w + (base - w) * restore)
 end
+local exact = string.format('%.17g', w)  -- tostring and cjson would round to 14 digits
 if w >= base then redis.call('HDEL', KEYS[1], ARGV[1]) else
-  redis.call('HSET', KEYS[1], ARGV[1], tostring(w))
+  redis.call('HSET', KEYS[1], ARGV[1], exact)
 end
 redis.call('PEXPIRE', KEYS[1], 86400000)
-local exact = string.format('%.17g', w)  -- cjson would round to 14 digits
 redis.call('PUBLISH', ARGV[7],
   '{"kind":"weight","route":' .. cjson.encode(ARGV[1]) .. ',"weight":' .. exact .. '}')
 return exact
@@ -486,8 +486,6 @@ class SharedState(Limits):
                 for lease, keys in list(self._leases.items()):
                     await self._call("extend", keys, [lease, int(LEASE * 1000)])
 
-    # -- breaker openings and cool-downs -------------------------------------------------
-
     # -- weights and metrics -------------------------------------------------------------
 
     def _weigh(self, i: int, op: str) -> None:
@@ -560,6 +558,8 @@ class SharedState(Limits):
         wait = float(got)
         return float("inf") if wait < 0 else wait
 
+    # -- breaker openings and cool-downs -------------------------------------------------
+
     async def claim_probe(self, route: Route) -> float | None:
         """Claim a half-open model's one probe for every process: ``None`` when this process
         may send it (claimed, or Redis is away), else seconds until the other claim lapses."""
@@ -621,7 +621,12 @@ class SharedState(Limits):
                         data = message.get("data")
                         if message.get("type") != "message" or not isinstance(data, str):
                             continue
-                        event = json.loads(data or "{}")
+                        try:
+                            event = json.loads(data or "{}")
+                        except ValueError:
+                            continue  # not ours (another version's, or damaged): not news
+                        if not isinstance(event, dict):
+                            continue
                         handler = self.handlers.get(event.get("kind", ""))
                         if handler is not None:
                             handler(event)
