@@ -177,3 +177,21 @@ def test_health_with_too_few_requests_says_so() -> None:
     health = assess(stats, "closed")
     assert health.status == "healthy"
     assert health.reasons == ("too few requests to judge (2 of 5)",)
+
+
+def test_the_fleets_figures_merge_and_damaged_ones_are_left_out() -> None:
+    """Two processes' figures of a model: counters summed, samples pooled, health judged over
+    both processes' recent requests; figures that do not read are left out, never raised."""
+    from streamres._fleet.metrics import RouteStats, export, merge
+
+    a, b = RouteStats(), RouteStats()
+    for stats, ok in ((a, True), (b, False), (b, False)):
+        stats.started()
+        if ok:
+            stats.succeeded(ttft=0.1, latency=0.5)
+        else:
+            stats.failed("capacity", ttft=None)
+    damaged = [{"requests": "many"}, {"recent": [[True]]}, {"ttft": 5}, "not a dict"]
+    merged = merge([export(a), *damaged, export(b)])  # type: ignore[list-item]
+    assert (merged.requests, merged.successes, merged.capacity_errors) == (3, 1, 2)
+    assert list(merged.ttft) == [0.1] and len(merged.recent) == 3

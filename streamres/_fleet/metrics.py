@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["Health", "ModelMetrics", "RouteStats", "assess", "export", "merge"]
 
@@ -234,25 +234,29 @@ def export(stats: RouteStats) -> dict[str, object]:
 
 def merge(exported: list[dict[str, object]]) -> RouteStats:
     """Many processes' :func:`export` of one route as one: counters summed, samples pooled,
-    and health judged over every process's recent requests together."""
+    and health judged over every process's recent requests together. A process's figures
+    that do not read (another version's, or damaged) are left out."""
     total = RouteStats()
     recent: list[tuple[bool, bool, float | None]] = []
-    for data in exported:
-        for name in _COUNTERS:
-            value = data.get(name, 0)
-            if isinstance(value, int):
-                setattr(total, name, getattr(total, name) + value)
-        queued = data.get("queued_seconds", 0.0)
-        if isinstance(queued, (int, float)):
-            total.queued_seconds += queued
-        for name in ("ttft", "latency"):
-            samples = data.get(name)
-            if isinstance(samples, list):
-                getattr(total, name).extend(float(x) for x in samples)
-        rows = data.get("recent")
-        if isinstance(rows, list):
-            recent.extend(
-                (bool(r[0]), bool(r[1]), None if r[2] is None else float(r[2])) for r in rows
-            )
+    for figures in exported:
+        data: Any = figures  # JSON from another process: read with care
+        try:
+            counts = {name: int(data.get(name, 0)) for name in _COUNTERS}
+            queued = float(data.get("queued_seconds", 0.0))
+            samples = {
+                name: [float(x) for x in data.get(name) or []] for name in ("ttft", "latency")
+            }
+            rows = [
+                (bool(r[0]), bool(r[1]), None if r[2] is None else float(r[2]))
+                for r in data.get("recent") or []
+            ]
+        except (TypeError, ValueError, IndexError, AttributeError):
+            continue
+        for name, value in counts.items():
+            setattr(total, name, getattr(total, name) + value)
+        total.queued_seconds += queued
+        for name, values in samples.items():
+            getattr(total, name).extend(values)
+        recent.extend(rows)
     total.recent = deque(recent, maxlen=max(_RECENT, len(recent)))
     return total

@@ -56,9 +56,10 @@ class Client:
     20 % of first attempts plus 1 retry/s, banked up to 10.
 
     ``shared="redis://host:6379/0"`` shares concurrency slots, breaker openings, cool-downs,
-    the half-open probe and the retry budget with every process using the same Redis and
-    ``shared_prefix``. ``cache=Cache(...)`` turns on single-flight and the exact
-    answer cache.
+    the half-open probe, the retry budget, weights, metrics (:meth:`fleet_metrics`) and the
+    answer cache with every process using the same Redis and ``shared_prefix``.
+    ``cache=Cache(...)`` turns on single-flight and the answer cache (exact, and with
+    ``Cache(semantic=Semantic())`` questions asked in other words).
     """
 
     def __init__(
