@@ -307,3 +307,34 @@ async def test_labelled_pairs_hit_above_the_threshold_and_miss_below() -> None:
                 assert second.text == up.answer(_ask(pair["b"], system))
     assert seen.get(("held-out", False), 0) == 0  # precision 1.0 on the held-out pairs
     assert seen.get(("held-out", True), 0) > 0 and seen.get(("tuning", True), 0) > 0
+
+
+async def test_a_model_answering_nonsense_costs_the_match_not_the_answer() -> None:
+    """A user's model that answers something other than a vector (text, a matrix, NaN,
+    zeros, another length than before): the question is matched by its text only, the
+    answers are whole, nothing but the warning escapes."""
+    answers: list[object] = [
+        [1.0, 0.0],
+        "vector",
+        [[1.0, 0.0]],
+        [float("nan"), 1.0],
+        [0.0, 0.0],
+        [1.0, 0.0, 0.0],
+    ]
+
+    def odd(text: str) -> Sequence[float]:
+        return answers.pop(0) if answers else [1.0, 0.0]  # type: ignore[return-value]
+
+    async with (
+        Upstream() as up,
+        streamres.Client(
+            [streamres.Route("m", base_url=up.openai_url, api_key="k")],
+            cache=streamres.Cache(semantic=Semantic(embed=odd)),
+        ) as client,
+    ):
+        await client.cache_ready()
+        questions = [f"Question number {n} please" for n in "abcdef"]
+        for q in questions:
+            done = await _answer(client, q)
+            assert done.text == up.answer(_ask(q)) and done.cache == ""
+        assert len(up.requests) == len(questions)

@@ -80,10 +80,10 @@ class Semantic:
                 raise ValueError(
                     f"Semantic: {name} is a cosine similarity in (0, 1], not {value!r}"
                 )
-        if self.routes is not None and (
-            isinstance(self.routes, str) or not all(isinstance(r, str) for r in self.routes)
-        ):
-            raise ValueError("Semantic: routes is a tuple of route names (or None for all)")
+        if self.routes is not None:
+            if isinstance(self.routes, str) or not all(isinstance(r, str) for r in self.routes):
+                raise ValueError("Semantic: routes is a tuple of route names (or None for all)")
+            object.__setattr__(self, "routes", tuple(self.routes))
         if self.embed is not None and not callable(self.embed):
             raise ValueError("Semantic: embed is a function from text to a vector")
 
@@ -216,7 +216,12 @@ class SemanticIndex:
         best: Match | None = None
         for key in self._buckets.get(bucket, {}):
             kept = self._kept[key]
-            if kept.vector is None or kept.numbers != wanted or not alive(key):
+            if (
+                kept.vector is None
+                or kept.vector.shape != unit.shape  # another model's vector
+                or kept.numbers != wanted
+                or not alive(key)
+            ):
                 continue
             score = float(kept.vector @ unit)
             if score >= semantic.threshold_for(kept.normal, normal) and (

@@ -22,7 +22,7 @@ import anyio.to_thread
 from streamres._core.errors import InvalidRequest
 from streamres._shell.log import log
 
-__all__ = ["Embedder", "bundled_model"]
+__all__ = ["Embedder", "as_vector", "bundled_model"]
 
 #: Questions longer than this are embedded in a worker thread (measured: ~40 µs for a short
 #: question on the loop; a thread hop costs more than that).
@@ -76,6 +76,20 @@ def _load_wordllama() -> Callable[[str], Sequence[float]]:
     return embed
 
 
+def as_vector(value: object) -> Sequence[float]:
+    """A model's answer as a vector: one dimension, numbers, finite, not all zero (else
+    ``ValueError``: a model that answers otherwise is a failing model)."""
+    import numpy as np
+
+    vector = np.asarray(value, dtype=np.float32)
+    if vector.ndim != 1 or vector.size == 0 or not np.all(np.isfinite(vector)):
+        raise ValueError(f"not a vector of finite numbers (shape {vector.shape})")
+    if not np.any(vector):
+        raise ValueError("a vector of zeros")
+    result: list[float] = vector.tolist()
+    return result
+
+
 class Embedder:
     """Text → vector with the configured model, ready once loaded."""
 
@@ -108,8 +122,10 @@ class Embedder:
             return None
         try:
             if self._inline and len(text) <= INLINE_CHARS:
-                return model(text)
-            return await anyio.to_thread.run_sync(model, text)
+                vector = model(text)
+            else:
+                vector = await anyio.to_thread.run_sync(model, text)
+            return as_vector(vector)
         except Exception as exc:  # the model failing must not fail the answer
             self.failures += 1
             if self.failures == 1:
