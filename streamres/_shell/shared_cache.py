@@ -29,6 +29,7 @@ import anyio.to_thread
 
 from streamres._core.cache import Cache, decode_answer, encode_answer
 from streamres._core.events import Event
+from streamres._shell.log import log
 
 __all__ = ["SharedAnswers"]
 
@@ -135,6 +136,8 @@ class SharedAnswers:
             done = await self.state.run("cache_put", self._keys, [*args, self._entry, question])
             if done is not None and question:
                 await self.state.publish({"kind": "question", "from": self.state.id, "q": question})
+        except Exception as exc:  # a write in the background must never end the client's tasks
+            log.warning("streamres.shared_cache_write_failed", error=type(exc).__name__)
         finally:
             self._writing -= 1
             if not self._writing:
