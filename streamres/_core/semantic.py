@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # numpy comes with the semantic extra; the config above needs none
+if TYPE_CHECKING:  # numpy comes with the semantic extra; the settings (Semantic) need none
     import numpy as np
     import numpy.typing as npt
 
