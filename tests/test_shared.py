@@ -248,6 +248,26 @@ async def _released(pubsub: Any) -> None:
                 return
 
 
+def test_shared_state_without_its_client_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "coredis" else real(name, *a)
+    )
+    with pytest.raises(streamres.InvalidRequest, match=r"pip install 'streamres\[shared\]'"):
+        streamres.Client(
+            [streamres.Route("m", base_url="http://127.0.0.1:9/v1", api_key="k")],
+            shared="redis://127.0.0.1:1/0",
+        )
+    from streamres._apps.cli import main
+
+    assert main(["proxy", "--redis", "redis://127.0.0.1:1/0", "--port", "0"]) == 2
+    assert "pip install 'streamres[shared]'" in capsys.readouterr().err
+
+
 def test_a_shared_url_is_checked_at_construction() -> None:
     """A Client with shared= that is not a Redis URL: InvalidRequest at once."""
     with pytest.raises(streamres.InvalidRequest, match="Redis URL"):

@@ -287,6 +287,7 @@ def _proxy_parser() -> argparse.ArgumentParser:
 def _proxy(argv: list[str]) -> int:
     args = _proxy_parser().parse_args(argv)
     _configure_logs(False)
+    from streamres import InvalidRequest
     from streamres.proxy import ConfigError, load, serve
     from streamres.proxy.serve import serve_workers
 
@@ -303,7 +304,7 @@ def _proxy(argv: list[str]) -> int:
             serve_workers(args.config, args.redis, args.host, args.port, args.workers)
             return 0
         anyio.run(serve, config, args.host, args.port, args.faults, args.server, args.redis)
-    except ConfigError as exc:
+    except (ConfigError, InvalidRequest) as exc:
         print(f"streamres proxy: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -132,6 +132,11 @@ class Client:
                 f"shared must be a Redis URL (redis://host:6379/0), not {shared!r:.60}",
                 reason="invalid",
             )
+        if shared is not None and importlib.util.find_spec("coredis") is None:
+            raise InvalidRequest(
+                "shared state needs its Redis client, coredis: pip install 'streamres[shared]'",
+                reason="invalid",
+            )
         if cache is not None and not isinstance(cache, Cache):
             raise InvalidRequest(
                 f"cache must be a streamres.Cache(...), not {cache!r:.60}", reason="invalid"
