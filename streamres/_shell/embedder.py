@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -86,8 +86,7 @@ def as_vector(value: object) -> Sequence[float]:
         raise ValueError(f"not a vector of finite numbers (shape {vector.shape})")
     if not np.any(vector):
         raise ValueError("a vector of zeros")
-    result: list[float] = vector.tolist()
-    return result
+    return cast("Sequence[float]", vector)  # an array: no copy on the way to the index
 
 
 class Embedder:
