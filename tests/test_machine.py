@@ -528,6 +528,27 @@ def test_a_slot_is_taken_before_the_request_and_given_back_after_it() -> None:
     assert m.fleet.metrics()["m0#0"].queued_seconds == 0.5
 
 
+def test_a_whole_answers_slot_is_held_until_its_body_end_is_read() -> None:
+    """The answer's last event arrives before the body ends: the done event goes out at once,
+    but the request is still in flight at the server (and against its quota) until the body's
+    end is read — the slot goes back then, when the shell leaves."""
+    slots = _Slots()
+    m = Answer(options(), now=0.0, slots=slots)
+    m.start_answer(0.0)
+    m.acquired(True, 0.0, queued=0.0)
+    m.started(200, SSE_HEADERS, 0.1, queued=0.0)
+    m.data(text_chunk("Hello"), 0.2)
+    act = m.data(FINISH, 0.3)  # the finish and [DONE]; the body itself has not ended yet
+    if isinstance(act, Load):
+        act = m.loaded("approximate", approximate_tokens, 0.3)
+    assert isinstance(act, Finish) and act.drain
+    assert isinstance(m.events[-1], DoneEvent) and slots.released == []
+    m.abandon()  # the shell, after draining the body's end
+    assert slots.released == ["m0"]
+    m.abandon()
+    assert slots.released == ["m0"]  # once
+
+
 def test_no_slot_before_the_deadline_gives_up_as_a_deadline() -> None:
     """A slot that never came: DeadlineExceeded naming max_in_flight; the probe given back."""
     slots = _Slots()

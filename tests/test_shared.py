@@ -262,9 +262,10 @@ def test_shared_state_without_its_client_says_what_to_install(
             [streamres.Route("m", base_url="http://127.0.0.1:9/v1", api_key="k")],
             shared="redis://127.0.0.1:1/0",
         )
-    from streamres._apps.cli import main
+    from streamres._apps import cli
 
-    assert main(["proxy", "--redis", "redis://127.0.0.1:1/0", "--port", "0"]) == 2
+    monkeypatch.setattr(cli, "_configure_logs", lambda verbose: None)  # the app's, not ours
+    assert cli.main(["proxy", "--redis", "redis://127.0.0.1:1/0", "--port", "0"]) == 2
     assert "pip install 'streamres[shared]'" in capsys.readouterr().err
 
 

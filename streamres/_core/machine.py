@@ -369,6 +369,8 @@ class Answer:
         self._status: tuple[int, Mapping[str, str]] = (0, {})
         self._ended_at = 0.0
         self._lingering = False
+        #: A whole answer's slot, given back once its body's end is read (see ``abandon``).
+        self._slot_after_drain: Route | None = None
         secrets: list[str | None] = [v for k, v in opts.headers.items() if secret_headers(k)]
         for i in opts.chain:
             r = self.fleet.routes[i]
@@ -518,7 +520,12 @@ class Answer:
         return self._choose(now)
 
     def abandon(self) -> None:
-        """The shell leaves before the answer ended: give back what the attempt holds."""
+        """The shell leaves (the answer ended, or before it did): give back what the attempt
+        holds — and a whole answer's slot, held while its body's end was read."""
+        route, self._slot_after_drain = self._slot_after_drain, None
+        if route is not None and self.slots is not None:
+            self.slots.release(route)
+            self.slots.notify()
         at, self.at = self.at, None
         if at is None:
             return
@@ -908,9 +915,14 @@ class Answer:
                 weight=round(fleet.states[index].weight.current, 4),
             )
         if self.slots is not None:
-            if at.slot:
+            if at.slot and at.lingering:
+                # The answer is whole but the server is still sending the body's end: the
+                # request is in flight (for a provider's quota too) until the shell has read
+                # it; the slot goes back then (``abandon``).
+                self._slot_after_drain = route
+            elif at.slot:
                 self.slots.release(route)
-                at.slot = False
+            at.slot = False
             self.slots.notify()  # an outcome is recorded: streams waiting on a probe wake
         self._ended_at = now
         return self._account(now)
