@@ -28,6 +28,14 @@ def _ask(text: str, system: str | None = None) -> list[dict[str, Any]]:
     return [*head, {"role": "user", "content": text}]
 
 
+def _client(up: Upstream, semantic: Semantic) -> streamres.Client:
+    """A client of one route on ``up`` with a semantic cache."""
+    return streamres.Client(
+        [streamres.Route("m", base_url=up.openai_url, api_key="k")],
+        cache=streamres.Cache(semantic=semantic),
+    )
+
+
 async def _answer(
     client: streamres.Client, text: str, model: str = "m", **kw: Any
 ) -> streamres.DoneEvent:
@@ -122,10 +130,7 @@ async def test_a_question_in_other_words_is_answered_from_the_cache() -> None:
     in the done event; below it: a request of its own."""
     async with (
         Upstream() as up,
-        streamres.Client(
-            [streamres.Route("m", base_url=up.openai_url, api_key="k")],
-            cache=streamres.Cache(semantic=Semantic(embed=_toy)),
-        ) as client,
+        _client(up, Semantic(embed=_toy)) as client,
     ):
         assert await client.cache_ready()
         first = await _answer(client, "How do I reset my password?")
@@ -153,10 +158,7 @@ async def test_a_question_in_other_words_follows_one_in_flight() -> None:
     both get the whole answer; the follower's done event names the question it followed."""
     async with (
         Upstream(token_delay=0.005) as up,
-        streamres.Client(
-            [streamres.Route("m", base_url=up.openai_url, api_key="k")],
-            cache=streamres.Cache(semantic=Semantic(embed=_toy)),
-        ) as client,
+        _client(up, Semantic(embed=_toy)) as client,
     ):
         await client.cache_ready()
         done: dict[str, streamres.DoneEvent] = {}
@@ -212,10 +214,7 @@ async def test_a_failing_model_costs_the_match_not_the_answer() -> None:
 
     async with (
         Upstream() as up,
-        streamres.Client(
-            [streamres.Route("m", base_url=up.openai_url, api_key="k")],
-            cache=streamres.Cache(semantic=Semantic(embed=broken)),
-        ) as client,
+        _client(up, Semantic(embed=broken)) as client,
     ):
         await client.cache_ready()
         first = await _answer(client, "How do I reset my password?")
@@ -286,10 +285,7 @@ async def test_labelled_pairs_hit_above_the_threshold_and_miss_below() -> None:
     pairs = semantic_eval.load_pairs()
     async with (
         Upstream() as up,
-        streamres.Client(
-            [streamres.Route("m", base_url=up.openai_url, api_key="k")],
-            cache=streamres.Cache(semantic=semantic),
-        ) as client,
+        _client(up, semantic) as client,
     ):
         assert await client.cache_ready()
         seen: dict[tuple[str, bool], int] = {}
@@ -327,10 +323,7 @@ async def test_a_model_answering_nonsense_costs_the_match_not_the_answer() -> No
 
     async with (
         Upstream() as up,
-        streamres.Client(
-            [streamres.Route("m", base_url=up.openai_url, api_key="k")],
-            cache=streamres.Cache(semantic=Semantic(embed=odd)),
-        ) as client,
+        _client(up, Semantic(embed=odd)) as client,
     ):
         await client.cache_ready()
         questions = [f"Question number {n} please" for n in "abcdef"]

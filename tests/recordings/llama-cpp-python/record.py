@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,23 +41,13 @@ def _recorder() -> Any:
 
 
 def serve(model: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--seed", "7"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("llama_cpp.server did not become ready")
+    """llama-cpp-python's server, once it lists its models."""
+
+    def argv_at(port: int) -> list[str]:
+        argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model)]
+        return [*argv, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--seed", "7"]
+
+    return _recorder().launch(argv_at, "/v1/models")
 
 
 def _body(**kw: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,34 +172,40 @@ def make_model(vocab: Path, out: Path) -> None:
     w.close()
 
 
-def serve(
-    binary: str, model: Path, template: Path | None = None
-) -> tuple[subprocess.Popen[bytes], str]:
-    """llama-server on a free loopback port (with ``template`` as its chat template), once its
-    health says ready."""
+def launch(argv_at: Callable[[int], list[str]], ready: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A server started with ``argv_at(port)`` on a free loopback port, once ``GET ready``
+    answers 200 (within a minute)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--jinja"]
-    argv += ["-c", "2048", "-np", "1", "--seed", "7", "-t", "2", "--alias", "tiny"]
-    if template is not None:
-        argv += ["--chat-template-file", str(template)]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = argv_at(port)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{ready}", timeout=1).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("llama-server did not become ready")
+    raise RuntimeError(f"{Path(argv[0]).name} did not become ready")
+
+
+def serve(
+    binary: str, model: Path, template: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """llama-server (with ``template`` as its chat template), once its health says ready."""
+
+    def argv_at(port: int) -> list[str]:
+        argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--jinja"]
+        argv += ["-c", "2048", "-np", "1", "--seed", "7", "-t", "2", "--alias", "tiny"]
+        if template is not None:
+            argv += ["--chat-template-file", str(template)]
+        return argv
+
+    return launch(argv_at, "/health")
 
 
 def record(url: str, body: dict[str, Any]) -> bytes:
