@@ -14,20 +14,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from streamres._shell.client import Client
+from streamres._shell.extras import require
 
 __all__ = ["StreamresCollector", "register"]
 
-try:
-    from prometheus_client.core import (
-        REGISTRY,
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        Metric,
-    )
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "streamres.prometheus needs prometheus-client: pip install 'streamres[prometheus]'"
-    ) from exc
+require("prometheus_client", "streamres.prometheus")
+
+from prometheus_client.core import (  # noqa: E402  (after the check that names the extra)
+    REGISTRY,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
 
 _COUNTERS = {
     "requests": "Requests sent to the model",

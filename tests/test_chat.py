@@ -237,5 +237,7 @@ def test_model_names_the_embedded_model_asked_first() -> None:
     """--model with the embedded upstream: that model answers (no faults on it here)."""
     got = run_once("--once", Q, "--model", "demo-small", "--faults", "none", "--token-delay", "0")
     assert got.returncode == 0, got.stderr
-    models = run_once("--once", Q, "--model", "my-model", "--faults", "529", "--token-delay", "0")
+    models = run_once(
+        "--once", Q, "--embedded", "--model", "my-model", "--faults", "529", "--token-delay", "0"
+    )
     assert models.returncode == 0 and "my-model" in models.stderr

@@ -185,3 +185,23 @@ def test_stats_shows_recovery_per_answer(tmp_path: Path) -> None:
     number, outcome, attempts, resumes = rows[-1][:4]
     assert (number, outcome, attempts, resumes) == ("1", "ok", "2", "1")
     term.close()
+
+
+def test_health_and_stats_stay_readable_at_40_columns(tmp_path: Path) -> None:
+    """At 40 columns /health and /stats become one block per row (a table there would show
+    every cell as "…"), and a stopped answer counts the attempts it made."""
+    term = Term(tmp_path, 40, 40, "--faults", "reset@5", "--token-delay", "0.05")
+    term.child.send(Q + "\r")
+    term.child.expect_exact(answer().split(" ")[12])  # past the break at token 5: resumed
+    term.child.sendcontrol("c")
+    term.child.expect_exact("[stopped")
+    term.prompt()
+    term.child.send("/health\r")
+    term.prompt()
+    term.child.send("/stats\r")
+    term.prompt()
+    screen = "\n".join(term.screen())
+    assert "demo-large" in screen and "requests: " in screen, screen
+    assert "attempts: 2" in screen and "stopped" in screen, screen
+    assert not any(line.strip() == "…" or "… …" in line for line in screen.splitlines()), screen
+    term.close()

@@ -20,6 +20,7 @@ PUBLIC = {
     "FallbackEvent",
     "Health",
     "InvalidRequest",
+    "MissingExtra",
     "ModelMetrics",
     "RequestRejected",
     "ResilientStream",

@@ -17,7 +17,7 @@ import structlog
 
 import streamres
 from streamres._apps.cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
-from streamres.chat import DEFAULT_MODELS, add_target_arguments, real_target
+from streamres.chat import DEFAULT_MODELS, add_target_arguments, offline_refusal, real_target
 from streamres.upstream import PRESETS, FaultPlan, Upstream
 
 __all__ = ["main"]
@@ -123,6 +123,9 @@ async def _ask(args: argparse.Namespace, question: str) -> int:
                             return 0 if exact else 1
                     elif ev.type in ("retry", "resume", "fallback"):
                         print(f"\n  ⟳ {ev.message}", file=err, flush=True)
+        except streamres.InvalidRequest as exc:  # nothing was sent: a usage error
+            print(f"streamres ask: {exc}", file=err)
+            return 2
         except streamres.StreamError as exc:
             if exc.partial_text and not partial.endswith("\n"):
                 sys.stdout.write("\n")
@@ -262,13 +265,14 @@ def _proxy_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--faults",
         default="storm",
-        help="embedded upstream only: none, storm, or a plan such as 529,reset@40",
+        help="embedded upstream only: none, light, storm, or a plan such as 529,reset@40",
     )
     p.add_argument(
         "--server",
         choices=["uvicorn", "hypercorn"],
         default="uvicorn",
-        help="the ASGI server (hypercorn needs pip install hypercorn)",
+        help="the ASGI server (uvicorn comes with streamres[proxy], hypercorn with "
+        "streamres[hypercorn])",
     )
     p.add_argument(
         "--redis",
@@ -289,10 +293,13 @@ def _proxy(argv: list[str]) -> int:
     _configure_logs(False)
     from streamres import InvalidRequest
     from streamres.proxy import ConfigError, load, serve
-    from streamres.proxy.serve import serve_workers
+    from streamres.proxy.serve import embedded_models, require_server, serve_workers
 
     try:
+        require_server(args.server)  # before anything starts: one line if it is not installed
         config = load(args.config) if args.config else None
+        if config is None:
+            embedded_models(args.faults)  # a plan that does not parse: one line, exit 2
         if args.workers > 1:
             if config is None:
                 print(
@@ -304,7 +311,7 @@ def _proxy(argv: list[str]) -> int:
             serve_workers(args.config, args.redis, args.host, args.port, args.workers)
             return 0
         anyio.run(serve, config, args.host, args.port, args.faults, args.server, args.redis)
-    except (ConfigError, InvalidRequest) as exc:
+    except (ConfigError, InvalidRequest, ValueError) as exc:
         print(f"streamres proxy: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -343,6 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"cannot read the question: {exc.strerror}: {exc.filename}")
             if not question.strip():
                 parser.error("the question is empty")
+            refusal = offline_refusal(args)
+            if refusal is not None:
+                parser.error(refusal)
             return anyio.run(_ask, args, question)
         anyio.run(_serve, args)
     except KeyboardInterrupt:

@@ -11,11 +11,23 @@ from typing import Any, NoReturn
 __all__ = ["Parser", "port", "positive_int", "positive_seconds", "seconds_or_zero"]
 
 
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each default once: a help text that already says its default keeps its own words
+    (``default: from the locale``), not argparse's too."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.help and "(default:" in action.help:
+            return action.help
+        if action.default is None or action.default is False:
+            return action.help  # nothing to say: the option is off unless given
+        return super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose help shows defaults and whose errors are one line."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _Defaults)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:

@@ -2,6 +2,8 @@
 
     StreamError                    every error; .partial_text is what the caller already got
     ├── InvalidRequest (ValueError)    bad arguments, refused before any request was made
+    │   └── MissingExtra (ImportError)  an optional part was asked for but its package is not
+    │                                  installed; the message names the ``pip install`` line
     ├── RequestRejected                the upstream refused the request for good (400/401/403/
     │                                  404/422…): retrying cannot help, so it was not retried
     ├── DeadlineExceeded (TimeoutError)  the overall deadline ran out, or a Retry-After would
@@ -25,6 +27,7 @@ __all__ = [
     "AttemptsExhausted",
     "DeadlineExceeded",
     "InvalidRequest",
+    "MissingExtra",
     "RequestRejected",
     "StreamError",
     "UpstreamUnreachable",
@@ -67,6 +70,16 @@ class StreamError(Exception):
 
 class InvalidRequest(StreamError, ValueError):
     """The arguments cannot make a valid request; nothing was sent."""
+
+
+class MissingExtra(InvalidRequest, ImportError):
+    """An optional part (the proxy's server, shared state, the semantic cache, Prometheus…) was
+    asked for, and the package it runs on is not installed. ``extra`` names the streamres extra
+    that brings it: the message ends with ``pip install 'streamres[<extra>]'``."""
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message, reason="missing_extra")
+        self.extra = extra
 
 
 class RequestRejected(StreamError):

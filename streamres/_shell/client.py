@@ -9,7 +9,6 @@ retry budget, and per-model metrics. ``client.stream(...)`` yields the same even
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import random
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -29,6 +28,7 @@ from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
+from streamres._shell.extras import require
 from streamres._shell.flights import Flights, Question
 from streamres._shell.limits import Limits
 from streamres._shell.log import log
@@ -132,26 +132,17 @@ class Client:
                 f"shared must be a Redis URL (redis://host:6379/0), not {shared!r:.60}",
                 reason="invalid",
             )
-        if shared is not None and importlib.util.find_spec("coredis") is None:
-            raise InvalidRequest(
-                "shared state needs its Redis client, coredis: pip install 'streamres[shared]'",
-                reason="invalid",
-            )
+        if shared is not None:
+            require("coredis", "shared state (shared=)")
         if cache is not None and not isinstance(cache, Cache):
             raise InvalidRequest(
                 f"cache must be a streamres.Cache(...), not {cache!r:.60}", reason="invalid"
             )
-        if (
-            cache is not None
-            and cache.semantic is not None
-            and cache.semantic.embed is None
-            and importlib.util.find_spec("wordllama") is None
-        ):
-            raise InvalidRequest(
-                "Cache(semantic=Semantic()) uses the bundled embedding model, which needs the "
-                "wordllama package: pip install 'streamres[semantic]' (or pass "
-                "Semantic(embed=your_function))",
-                reason="invalid",
+        if cache is not None and cache.semantic is not None and cache.semantic.embed is None:
+            require(
+                "wordllama",
+                "Cache(semantic=Semantic())'s bundled embedding model",
+                otherwise="pass Semantic(embed=your_function)",
             )
         self._cache = cache
         self._flights: Flights | None = None

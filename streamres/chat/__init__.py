@@ -11,7 +11,14 @@ string, English and Chinese), ``render`` (Markdown styler, status line, tables),
 (prompt_toolkit input, keys held during an answer), ``app`` (the session and its commands).
 """
 
-from streamres.chat.app import DEFAULT_MODELS, add_target_arguments, main, parser, real_target
+from streamres.chat.app import (
+    DEFAULT_MODELS,
+    add_target_arguments,
+    main,
+    offline_refusal,
+    parser,
+    real_target,
+)
 from streamres.chat.render import MarkdownStyler
 from streamres.chat.words import status_line
 
@@ -20,6 +27,7 @@ __all__ = [
     "MarkdownStyler",
     "add_target_arguments",
     "main",
+    "offline_refusal",
     "parser",
     "real_target",
     "status_line",

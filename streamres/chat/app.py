@@ -56,6 +56,10 @@ class Turn:
     question: str
     answer: str = ""
     mark: str = ""  # why the answer is partial or missing (for /save)
+    #: Requests made so far, as the status events number them (a stopped answer has no done
+    #: event to count them from).
+    attempts: int = 0
+    resumes: int = 0
 
 
 @dataclass
@@ -111,7 +115,11 @@ class Session:
             deadline=self.deadline,
             stall_timeout=self.stall_timeout,
         ) as events:
+            turn.attempts = 1
             async for ev in events:
+                if ev.type in ("retry", "resume", "fallback"):
+                    turn.attempts = max(turn.attempts, ev.attempt)  # the next request's number
+                    turn.resumes += ev.type == "resume"
                 if ev.type == "text":
                     turn.answer += ev.text
                     self.screen.text(ev.text)
@@ -138,8 +146,14 @@ class Session:
         productive = sum(a.seconds for a in history if a.chars)
         stats = AnswerStats(
             outcome="ok" if done else "failed" if error else "stopped",
-            attempts=len(history),
-            resumes=done.resumes if done else sum(1 for a in history[1:] if a.chars),
+            attempts=len(history) or turn.attempts,
+            resumes=(
+                done.resumes
+                if done
+                else sum(1 for a in history[1:] if a.chars)
+                if error
+                else turn.resumes
+            ),
             repeated_tokens=done.usage.wasted_tokens if done else 0,
             seconds=elapsed,
             lost=max(0.0, elapsed - productive),
@@ -343,6 +357,25 @@ def real_target(
     return None
 
 
+def offline_refusal(args: argparse.Namespace) -> str | None:
+    """Why the offline demo must not answer these flags, or ``None``: a model or provider named
+    without a key or base URL is a person expecting that service, and the embedded upstream's
+    canned answers must never pass for it. ``--embedded`` (or a ``demo-*`` name) asks the demo
+    on purpose."""
+    if args.embedded or real_target(args) is not None:
+        return None
+    named = [m for m in args.model or () if not m.startswith("demo-")]
+    if not named and args.provider is None:
+        return None
+    what = f"model {named[0]}" if named else f"provider {args.provider}"
+    key = "ANTHROPIC_API_KEY" if args.provider == "anthropic" else "OPENAI_API_KEY"
+    return (
+        f"{what} is a real service and no key or base URL is set: set {key} (or pass "
+        "--api-key / --base-url); add --embedded to ask the offline demo upstream instead "
+        "(canned answers, not a real model)"
+    )
+
+
 def embedded_faults(spec: str, seed: int, lang: str = "en") -> tuple[FaultPlan, FaultPlan, str]:
     """Fault plans for the two demo models, and their label; the default storm shows a retry,
     a resume and a fallback in the first answer, then keeps a sustained, lighter storm going."""
@@ -485,7 +518,9 @@ def add_target_arguments(p: argparse.ArgumentParser, *, token_delay: float) -> N
         help="model name; repeat for a fallback chain (embedded default: demo-large)",
     )
     p.add_argument(
-        "--embedded", action="store_true", help="the embedded upstream even if keys are set"
+        "--embedded",
+        action="store_true",
+        help="the offline embedded upstream, even if keys are set or --model names a real model",
     )
     p.add_argument(
         "--faults",
@@ -537,7 +572,11 @@ def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, *, configure: Callable[[], None] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    refusal = offline_refusal(args)
+    if refusal is not None:
+        p.error(refusal)
     if configure is not None:
         configure()
     try:

@@ -20,10 +20,11 @@ from typing import Any, TextIO
 
 from rich import box
 from rich.cells import cell_len, set_cell_size
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
+from rich.text import Text
 
-__all__ = ["MarkdownStyler", "Screen", "fit", "table"]
+__all__ = ["Fitted", "MarkdownStyler", "Screen", "fit", "table"]
 
 BOLD, DIM, ITALIC, RESET = "\x1b[1m", "\x1b[2m", "\x1b[3m", "\x1b[0m"
 
@@ -187,18 +188,56 @@ def columns(out: TextIO) -> int:
 
 def table(
     headers: Sequence[str], rows: Sequence[Sequence[str]], *, wrap_last: bool = True
-) -> Table:
+) -> Fitted:
     """Figures kept whole on one line; the last column (descriptions) wraps at word
-    boundaries to fit the terminal, unless ``wrap_last`` is false."""
-    t = Table(
-        box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, highlight=False
-    )
-    for i, h in enumerate(headers):
-        last = wrap_last and i == len(headers) - 1
-        t.add_column(h, no_wrap=not last, overflow="fold" if last else "ellipsis")
-    for row in rows:
-        t.add_row(*row)
-    return t
+    boundaries to fit the terminal, unless ``wrap_last`` is false. Where the figures do not fit
+    the terminal's width (a phone, a split pane), each row becomes a block of its own."""
+    return Fitted(tuple(headers), tuple(tuple(r) for r in rows), wrap_last)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A table that is one when it fits, else one block per row: the first cell as its title,
+    then ``header: value`` lines (so no cell is ever shown as a bare "…")."""
+
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    wrap_last: bool = True
+
+    def as_table(self) -> Table:
+        t = Table(
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            collapse_padding=True,
+            highlight=False,
+        )
+        for i, h in enumerate(self.headers):
+            last = self.wrap_last and i == len(self.headers) - 1
+            t.add_column(h, no_wrap=not last, overflow="fold" if last else "ellipsis")
+        for row in self.rows:
+            t.add_row(*row)
+        return t
+
+    def _fits(self, width: int) -> bool:
+        """Every column but a wrapping last one as wide as its widest cell, one space apart."""
+        cols = list(zip(self.headers, *self.rows, strict=True))
+        wrapping = cols.pop() if self.wrap_last and cols else ()
+        need = sum(max(cell_len(c) for c in col) for col in cols) + 2 * len(cols)
+        return need + min(12, max((cell_len(c) for c in wrapping), default=0)) <= width
+
+    def blocks(self, width: int) -> Text:
+        out = Text()
+        for row in self.rows:
+            out.append(fit(row[0], width) + "\n", style="bold")
+            for h, cell in zip(self.headers[1:], row[1:], strict=True):
+                out.append(f"  {h}: {cell}\n")
+        out.rstrip()
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        yield self.as_table() if self._fits(width) else self.blocks(width)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 import streamres
+from streamres._shell.extras import install_hint
 from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.config import ClientKey, Config
 from streamres.proxy.inbound import API, BadRequest, Call, parse
@@ -287,7 +288,10 @@ class Proxy:
         try:
             from prometheus_client import CollectorRegistry, generate_latest
         except ImportError:
-            await _json(send, 501, {"error": {"message": "pip install 'streamres[proxy]'"}})
+            message = "/metrics needs prometheus-client, which is not installed: " + (
+                install_hint("prometheus_client")
+            )
+            await _json(send, 501, {"error": {"message": message}})
             return
         if self._metrics is None:
             from streamres.prometheus import register

@@ -45,7 +45,6 @@ upstream (two models of one family under its fault storm), so the demo runs offl
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tomllib
 from collections.abc import Mapping
@@ -53,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import streamres
+from streamres._shell.extras import install_hint, installed
 
 __all__ = ["ClientKey", "Config", "ConfigError", "load"]
 
@@ -176,10 +176,10 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
                 if isinstance(semantic.get("routes"), list):
                     semantic["routes"] = tuple(semantic["routes"])
                 fields["semantic"] = streamres.Semantic(**semantic)
-                if importlib.util.find_spec("wordllama") is None:
+                if not installed("wordllama"):
                     raise ValueError(
-                        "semantic needs the bundled model's package: "
-                        "pip install 'streamres[semantic]'"
+                        "semantic needs the bundled model's package, wordllama, which is not "
+                        f"installed: {install_hint('wordllama')}"
                     )
             cache = streamres.Cache(**fields)
         except (TypeError, ValueError) as exc:

@@ -18,11 +18,12 @@ import anyio
 
 import streamres
 from streamres._core.redact import redact_url
+from streamres._shell.extras import require
 from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, load
-from streamres.upstream import FaultPlan, ModelSpec, Upstream, demo_storm
+from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
 
-__all__ = ["Running", "embedded_config", "running", "serve"]
+__all__ = ["Running", "embedded_config", "embedded_models", "require_server", "running", "serve"]
 
 LARGE, SMALL = "demo-large", "demo-small"
 
@@ -41,6 +42,23 @@ def storm(seed: int = 7) -> dict[str, ModelSpec]:
     """The embedded upstream's default fault storm (the same as ``streamres chat``'s)."""
     large, small = demo_storm(seed)
     return {LARGE: ModelSpec(faults=large), SMALL: ModelSpec(faults=small)}
+
+
+def embedded_models(faults: str) -> dict[str, ModelSpec]:
+    """The embedded upstream's models under ``faults``: ``storm`` (the demo's), a preset
+    (``none``, ``light``) or a plan such as ``529,reset@40``, applied to the large model.
+    A plan that does not parse is a ``ValueError`` naming what is wrong."""
+    if faults == "storm":
+        return storm()
+    return {LARGE: ModelSpec(faults=FaultPlan(PRESETS.get(faults, faults))), SMALL: ModelSpec()}
+
+
+def require_server(server: str) -> None:
+    """The ASGI server's package is installed, or one :class:`~streamres.MissingExtra` line
+    naming the extra that brings it."""
+    if server not in ("uvicorn", "hypercorn"):
+        raise ValueError(f"server must be 'uvicorn' or 'hypercorn', not {server!r}")
+    require(server, f"streamres proxy (--server {server})")
 
 
 @contextlib.asynccontextmanager
@@ -103,6 +121,7 @@ def worker_app() -> WorkerApp:
 
 def serve_workers(config_path: str, redis: str | None, host: str, port: int, workers: int) -> None:
     """``streamres proxy --workers N``: N processes on one port (uvicorn's supervisor)."""
+    require_server("uvicorn")
     import uvicorn
 
     os.environ["STREAMRES_PROXY_CONFIG"] = os.path.abspath(config_path)
@@ -150,17 +169,11 @@ async def running(
     """The proxy serving in this event loop until the block ends (tests, embedding).
     ``server``: "uvicorn" (the default, measured faster) or "hypercorn"; ``redis``: share
     limits and model state with other proxies (and workers) through it."""
+    require_server(server)
+    models = embedded_models(faults) if config is None else {}
     async with contextlib.AsyncExitStack() as stack:
         up = None
         if config is None:
-            models = (
-                storm()
-                if faults == "storm"
-                else {
-                    LARGE: ModelSpec(faults=FaultPlan(faults if faults != "none" else "")),
-                    SMALL: ModelSpec(),
-                }
-            )
             up = await stack.enter_async_context(
                 Upstream(models=models, token_delay=token_delay, ping_interval=0.5)
             )

@@ -168,9 +168,17 @@ _SCRIPTS = (
 
 
 def language_of(messages: list[dict[str, Any]]) -> Lang:
-    """The language an answer is written in: that of the user's words (kana before Han, so
-    Japanese is not read as Chinese), else English."""
-    said = " ".join(_text_of(m.get("content", "")) for m in messages if m.get("role") == "user")
+    """The language an answer is written in: that of the last question the user wrote (kana
+    before Han, so Japanese is not read as Chinese), else English. A person who asked in Chinese
+    and then in English gets the English answer."""
+    said = next(
+        (
+            text
+            for m in reversed(messages)
+            if m.get("role") == "user" and (text := _text_of(m.get("content", ""))).strip()
+        ),
+        "",
+    )
     for lang, script in _SCRIPTS:
         if script.search(said):
             return lang  # type: ignore[return-value]
@@ -261,14 +269,78 @@ def sign(thinking: str) -> str:
     return base64.b64encode(digest).decode()
 
 
-def _tool_names(tools: Any) -> list[str]:
-    names = []
+def _tools(tools: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, JSON schema of the arguments)`` of each tool offered, either API's shape."""
+    found = []
     for t in tools or ():
-        if isinstance(t, dict):
-            name = (t.get("function") or {}).get("name") if "function" in t else t.get("name")
-            if name:
-                names.append(str(name))
-    return names
+        if not isinstance(t, dict):
+            continue
+        spec = t.get("function") or {} if "function" in t else t
+        name = spec.get("name") if isinstance(spec, dict) else None
+        if name:
+            schema = spec.get("parameters", spec.get("input_schema")) or {}
+            found.append((str(name), schema if isinstance(schema, dict) else {}))
+    return found
+
+
+def _value_for(schema: Any, name: str, words: list[str], depth: int = 0) -> Any:
+    """A value that fits ``schema`` (the JSON Schema subset tool definitions use: type, enum,
+    const, default, properties, required, items, anyOf/oneOf), drawn from the answer's words
+    so that different questions give different arguments."""
+    if not isinstance(schema, dict) or depth > 8:
+        return words[0] if words else name
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if "default" in schema:
+        return schema["default"]
+    for key in ("anyOf", "oneOf", "allOf"):
+        options = [s for s in schema.get(key) or () if isinstance(s, dict)]
+        options = [s for s in options if s.get("type") != "null"] or options
+        if options:
+            return _value_for(options[0], name, words, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "object" or (kind is None and "properties" in schema):
+        props = schema.get("properties") or {}
+        if not isinstance(props, dict):
+            return {}
+        required = [k for k in schema.get("required") or () if k in props]
+        return {
+            k: _value_for(props[k], k, words[i + 1 :], depth + 1)
+            for i, k in enumerate(required or list(props))
+        }
+    if kind == "array":
+        item = _value_for(schema.get("items") or {"type": "string"}, name, words, depth + 1)
+        return [item] * max(1, int(schema.get("minItems", 1)))
+    if kind == "integer":
+        return int(schema.get("minimum", 1))
+    if kind == "number":
+        return float(schema.get("minimum", 1.0))
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    text = (words[0] if words else name).strip(".,;:!?\"'()[]")
+    return text or name
+
+
+def _asks_for_tools(body: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+    """A tool is called when tools are offered, the caller allows it, and the last turn is the
+    user's question: after a tool's result the model answers in text, so an agent loop ends."""
+    choice = body.get("tool_choice")
+    if choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none"):
+        return False
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return False
+    content = last.get("content")
+    return not (
+        isinstance(content, list)
+        and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    )
 
 
 def _thinking_on(provider: str, body: dict[str, Any]) -> bool:
@@ -345,8 +417,10 @@ def plan_reply(
         )
     calls = []
     key = hashlib.sha256(reply.full.encode()).hexdigest()
-    for i, name in enumerate(_tool_names(body.get("tools"))[:2]):
-        args = {"path": f"notes/{key[:8]}-{i}.md", "content": " ".join(reply.full.split()[:25])}
+    tools = _tools(body.get("tools")) if _asks_for_tools(body, messages) else []
+    said = reply.full.split()
+    for i, (name, schema) in enumerate(tools[:2]):
+        args = _value_for({"type": "object", **schema}, name, said[i * 3 :])
         prefix = "toolu_" if provider == "anthropic" else "call_"
         calls.append(
             (f"{prefix}{key[8 + i * 8 : 16 + i * 8]}", name, json.dumps(args, ensure_ascii=False))
