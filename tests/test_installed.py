@@ -18,7 +18,6 @@ import pytest
 from rich.console import Console
 
 import streamres
-from streamres._apps.cli import main
 from streamres.chat.render import table
 from streamres.upstream import PRESETS, Upstream, parse_faults
 
@@ -95,22 +94,33 @@ def test_the_library_names_the_missing_extra(module: str, code: str, extra: str)
     assert f"pip install 'streamres[{extra}]'" in message and "not installed" in message
 
 
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The CLI's main, leaving the process's logging alone (the app configures its own)."""
+    from streamres._apps import cli
+
+    monkeypatch.setattr(cli, "_configure_logs", lambda verbose: None)
+    return cli.main
+
+
 def test_proxy_faults_take_the_presets_and_refuse_a_bad_plan(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], cli: Any
 ) -> None:
     """`proxy --faults light` is the preset the README lists; a bad plan is one line, exit 2."""
     from streamres.proxy.serve import embedded_models
 
     plan = embedded_models("light")["demo-large"].faults
     assert plan is not None and list(plan.queue) == parse_faults(PRESETS["light"])
-    assert main(["proxy", "--faults", "bogus"]) == 2
+    assert cli(["proxy", "--faults", "bogus"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("streamres proxy: unknown fault 'bogus'") and err.count("\n") == 1
 
 
-def test_ask_with_a_bad_base_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+def test_ask_with_a_bad_base_url_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], cli: Any
+) -> None:
     """A base URL that is not http(s) was refused before anything was sent: exit 2."""
-    assert main(["ask", "--base-url", "notaurl", "hi"]) == 2
+    assert cli(["ask", "--base-url", "notaurl", "hi"]) == 2
     assert "base_url must be an http:// or https:// URL" in capsys.readouterr().err
 
 

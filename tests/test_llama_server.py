@@ -15,19 +15,17 @@ number of bytes, as a dropped connection would.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.abc
 import pytest
 
 import streamres
+from streamres._apps.continuation_bench import cutting_proxy as _cutting_proxy
 
 pytestmark = [
     pytest.mark.anyio,
@@ -62,58 +60,6 @@ def llama() -> Iterator[str]:
         finally:
             proc.terminate()
             proc.wait(timeout=10)
-
-
-@contextlib.asynccontextmanager
-async def _cutting_proxy(target: str, cut_after: int) -> AsyncIterator[str]:
-    """A loopback proxy whose first connection's response stops after ``cut_after`` body
-    bytes (an abrupt close); later connections pass through."""
-    host, port = target.removeprefix("http://").split(":")
-    served = 0
-
-    async def pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream, limit: int | None) -> None:
-        """Copy until ``src`` ends (or ``limit`` body bytes have gone through)."""
-        seen, body = b"", None
-        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
-            async for data in src:
-                if limit is not None:
-                    seen += data
-                    if body is None and b"\r\n\r\n" in seen:
-                        body = len(seen) - seen.index(b"\r\n\r\n") - 4
-                    elif body is not None:
-                        body += len(data)
-                    if body is not None and body >= limit:
-                        await dst.send(data[: len(data) - (body - limit)])
-                        return
-                await dst.send(data)
-
-    async def handle(client: anyio.abc.SocketStream) -> None:
-        nonlocal served
-        served += 1
-        limit = cut_after if served == 1 else None
-        async with (
-            client,
-            await anyio.connect_tcp(host, int(port)) as upstream,
-            anyio.create_task_group() as tg,
-        ):
-
-            async def both_ways(src: Any, dst: Any, limit: int | None) -> None:
-                await pipe(src, dst, limit)
-                tg.cancel_scope.cancel()  # one way ended: the connection ends
-
-            tg.start_soon(both_ways, client, upstream, None)
-            tg.start_soon(both_ways, upstream, client, limit)
-
-    async with (
-        await anyio.create_tcp_listener(local_host="127.0.0.1") as listener,
-        anyio.create_task_group() as tg,
-    ):
-        tg.start_soon(listener.serve, handle)
-        here = listener.extra(anyio.abc.SocketAttribute.local_port)
-        try:
-            yield f"http://127.0.0.1:{here}"
-        finally:
-            tg.cancel_scope.cancel()
 
 
 async def _answer(base: str, **kw: Any) -> tuple[str, list[Any], streamres.DoneEvent]:

@@ -191,6 +191,22 @@ async def test_an_openai_client_served_by_an_anthropic_model() -> None:
         assert text == up.answer(Q)
 
 
+async def test_an_answer_that_stopped_at_the_seam_says_so_before_its_end() -> None:
+    """A model that will not continue after a break: the client's stream ends normally, and
+    just before its end a comment says the answer is incomplete (join=ended_at_seam)."""
+    models = {"m": ModelSpec(faults=FaultPlan("reset@20"), instruct="shorter")}
+    async with Upstream(models=models) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", continuation="instruct")
+        config = Config(routes=[route], models={"m": ["m"]})
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=60) as http:
+            body = {"model": "m", "messages": Q, "stream": True}
+            got = await http.post(f"{run.url}/v1/chat/completions", json=body)
+    raw = got.text
+    assert ": streamres join=ended_at_seam complete=false" in raw
+    assert raw.index("join=ended_at_seam") < raw.index('"finish_reason":"stop"')
+    assert raw.rstrip().endswith("data: [DONE]")
+
+
 # -- what a client gets wrong -------------------------------------------------------------------
 
 

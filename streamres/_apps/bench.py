@@ -936,10 +936,15 @@ def _print_semantic(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if (argv if argv is not None else sys.argv[1:])[:1] == ["proxy"]:
+    given = argv if argv is not None else sys.argv[1:]
+    if given[:1] == ["proxy"]:
         from streamres._apps import bench_proxy
 
-        return bench_proxy.main((argv if argv is not None else sys.argv[1:])[1:])
+        return bench_proxy.main(given[1:])
+    if given[:1] in (["continuation"], ["--continuation"]):
+        from streamres._apps import continuation_bench
+
+        return continuation_bench.main(given[1:])
     p = argparse.ArgumentParser(prog="streamres bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, one run (a smoke test)")
     p.add_argument("--runs", type=int, default=5, help="runs per throughput figure (median)")

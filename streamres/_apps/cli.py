@@ -223,7 +223,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--instruct",
-        choices=["overlap", "exact", "restart", "preamble"],
+        choices=["overlap", "exact", "restart", "preamble", "shorter", "quoted"],
         default="overlap",
         help="how an instruct continuation is answered",
     )

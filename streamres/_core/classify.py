@@ -58,6 +58,7 @@ FailureKind = Literal[
     "permanent",
     "deadline",
     "replay_unavailable",
+    "ended_at_seam",
 ]
 
 

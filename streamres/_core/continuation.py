@@ -17,9 +17,20 @@ Strategies:
     removes it.
 
 ``auto`` picks ``prefill`` for Anthropic, ``prefix`` for Mistral and DeepSeek's ``/beta``
-endpoint, and ``instruct`` for every other OpenAI-compatible server. A model that answers
-"prefill not supported" — or any 400 to a prefill/prefix continuation after the first request
-was accepted — is switched to ``instruct`` (the shell remembers it).
+endpoint, ``prefill`` for a server that has shown it continues a final assistant message, and
+``instruct`` for every other OpenAI-compatible server. The evidence is learned per base URL,
+from what the server itself sends (:func:`continues_prefill`): llama.cpp's server names itself
+in every response (``server: llama.cpp``) and renders ``continue_final_message`` as the same
+assistant turn. A model that answers "prefill not supported" — or any 400 to a prefill/prefix
+continuation after the first request was accepted — or that answers a prefill by starting the
+whole answer again (llama-cpp-python's server ignores ``continue_final_message``) is switched
+to ``instruct``, and remembered.
+
+Instruct has wordings (``wording``): the first puts the partial answer in an assistant turn and
+asks in a user turn to continue; the second also quotes the partial answer's last words in the
+instruction, so a model that re-reads the instruction rather than its own turn knows where to
+pick up. A continuation that ends at the seam, adding nothing, is asked again in the other
+wording.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ __all__ = [
     "Strategy",
     "build_continuation",
     "choose",
+    "continues_prefill",
+    "instruction",
     "thinking_enabled",
 ]
 
@@ -56,6 +69,32 @@ class Continuation:
     stripped: int = 0
 
 
+#: How many characters of the partial answer the quoting wording repeats.
+QUOTE_CHARS = 160
+
+
+def instruction(partial: str, wording: int) -> str:
+    """The user turn that asks to continue, in wording ``wording`` (0: plain, 1: quoting the
+    partial answer's last words)."""
+    if wording % 2 == 0:
+        return CONTINUE_INSTRUCTION
+    tail = partial[-QUOTE_CHARS:]
+    cut = tail.find(" ")
+    if len(partial) > QUOTE_CHARS and 0 <= cut < 40:
+        tail = tail[cut + 1 :]  # from a word start
+    return (
+        f"Your previous reply was cut off. It ended with: «{tail}». Continue exactly where "
+        "it stopped, from the next word: do not repeat anything already written, do not start "
+        "over, and add no preamble or commentary."
+    )
+
+
+def continues_prefill(headers: Mapping[str, str]) -> bool:
+    """Does a response's headers show a server that continues a final assistant message
+    (``continue_final_message``)? llama.cpp's server says ``server: llama.cpp``."""
+    return headers.get("server", "").lower().startswith("llama.cpp")
+
+
 def thinking_enabled(body: Mapping[str, Any]) -> bool:
     """Anthropic extended thinking is on for this request (prefill is then refused)."""
     thinking = body.get("thinking")
@@ -63,9 +102,15 @@ def thinking_enabled(body: Mapping[str, Any]) -> bool:
 
 
 def choose(
-    provider: str, base_url: str, requested: str, body: Mapping[str, Any] | None = None
+    provider: str,
+    base_url: str,
+    requested: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    server_continues: bool = False,
 ) -> Strategy:
-    """The strategy for a provider/server when the caller asked for ``requested``."""
+    """The strategy for a provider/server when the caller asked for ``requested``;
+    ``server_continues``: the server has shown it continues a final assistant message."""
     if provider == "anthropic" and body is not None and thinking_enabled(body):
         return "instruct"  # with thinking on, an assistant turn cannot be prefilled
     if requested in ("prefill", "prefix", "instruct"):
@@ -78,6 +123,8 @@ def choose(
     # DeepSeek takes "prefix" on its beta endpoint only; Mistral on its main API.
     if ("deepseek" in host and "/beta" in host) or "mistral" in host:
         return "prefix"
+    if server_continues and provider == "openai":
+        return "prefill"
     return "instruct"
 
 
@@ -88,6 +135,7 @@ def build_continuation(
     strategy: Strategy,
     provider: str,
     thinking: Sequence[Mapping[str, Any]] = (),
+    wording: int = 0,
 ) -> Continuation:
     """The request that continues ``partial``, the answer so far to ``messages``.
 
@@ -104,7 +152,7 @@ def build_continuation(
             messages=[
                 *original,
                 {"role": "assistant", "content": content},
-                {"role": "user", "content": CONTINUE_INSTRUCTION},
+                {"role": "user", "content": instruction(partial, wording)},
             ],
             strategy=strategy,
         )

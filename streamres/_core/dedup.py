@@ -58,7 +58,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["DedupStats", "Deduplicator"]
+__all__ = ["DedupStats", "Deduplicator", "ends_a_sentence"]
 
 # Openers that may stand before a continuation phrase ("Sure, continuing: …").
 _OPENER = (
@@ -114,7 +114,12 @@ class DedupStats:
     held_chars: int = 0
     hold_seconds: float = 0.0
     preamble: str = ""
+    #: Rule 2: a restart that repeated delivered text and then drifted from it.
     diverged: bool = False
+    #: The head began again from the very start of the delivered text (a restart, removed).
+    restarted: bool = False
+    #: A space was put between the delivered text and a head that began a new word without one.
+    spaced: bool = False
 
 
 def _width(text: str) -> int:
@@ -157,6 +162,30 @@ def seam(d: str, k: int) -> str:
     if _word_start(d, k):
         return "word"
     return ""
+
+
+def _seam_before(h: str, j: int) -> int:
+    """The last word start at or before ``j`` in ``h`` (its whitespace kept with what
+    follows), so that a cut at ``j`` never splits a word."""
+    while 0 < j < len(h) and not h[j - 1].isspace() and not h[j].isspace():
+        j -= 1
+    while j > 0 and h[j - 1].isspace():
+        j -= 1
+    return j
+
+
+def ends_a_sentence(text: str) -> bool:
+    """Does ``text`` end where an answer may end: after a sentence end (any script), a
+    closing code fence, or a line break? "…known as Ray" does not.
+
+    >>> ends_a_sentence("It halves.  "), ends_a_sentence("蜜蜂跳舞。"), ends_a_sentence("known as")
+    (True, True, False)
+    """
+    t = text.rstrip(" \t\u3000")
+    if not t or t.endswith(("\n", "```")):
+        return True
+    t = t.rstrip("".join(_CLOSERS))
+    return bool(t) and t[-1] in _SENTENCE_END
 
 
 class Deduplicator:
@@ -249,9 +278,13 @@ class Deduplicator:
             self._preamble_done = True
             self._held += self._raw
             self._raw = ""
-        if self._open() and len(self._held) >= self._commit:
-            # A long exact repeat of delivered text, then the end: nothing new in it.
-            self.stats.dropped += self._held
+        h = self._held
+        restart = self.mode == "instruct" and len(h) >= self._min_overlap and self._d.startswith(h)
+        if self._open() and (len(h) >= self._commit or restart):
+            # A long exact repeat of delivered text, or the answer begun again from its first
+            # word and stopped short of the cut, then the end: nothing new in it.
+            self.stats.dropped += h
+            self.stats.restarted = self.stats.restarted or restart
             self._held = ""
             self._done(now)
             return ""
@@ -341,17 +374,42 @@ class Deduplicator:
         if m:
             out = h[m:]
             self.stats.dropped += h[:m]
+            self.stats.restarted = m == len(self._d)
         else:
             j = self._repeated_prefix()
             if j >= self._commit:
+                # Cut where a word (or sentence) begins, never inside one: the drifted text
+                # is emitted from the seam at or before the first differing character.
+                j = _seam_before(h, j)
                 self.stats.diverged = True
                 self.stats.dropped += h[:j]
                 out = h[j:]
             else:
-                out = h
+                out = self._spaced(h)
         self._held = ""
         self._done(now)
         return out
+
+    def _spaced(self, h: str) -> str:
+        """A new turn drops the space the next token would have carried: "…known as" +
+        "Ray" must not read "asRay". Put one back where the seam is plain — the delivered text
+        ends a word or a sentence in a spaced script and the head begins a capitalised word —
+        never inside a word cut mid-way ("compu" + "ter")."""
+        d = self._d
+        if self.mode != "instruct" or not d or not h or d[-1].isspace() or h[0].isspace():
+            return h
+        if d.count("```") % 2:
+            return h  # inside a code block: "get" + "Value()" is one identifier
+        latin = d[-1].isascii() and h[0].isascii()
+        # Only the head's first character decides (the same however the stream is chunked).
+        if (
+            latin
+            and h[0].isalnum()
+            and (d[-1] in ".,;:!?)" or (d[-1].isalpha() and h[0].isupper()))
+        ):
+            self.stats.spaced = True
+            return " " + h
+        return h
 
     def _repeated_prefix(self) -> int:
         """Length of the longest prefix of the head that occurs in ``D`` (binary search)."""

@@ -285,7 +285,22 @@ class DoneEvent:
     #: For ``cache="semantic"``: its cosine similarity to this question (1.0: the same once
     #: case, width, spacing and punctuation are folded).
     cache_score: float = 0.0
+    #: How the answer was joined across its resumes — the most doubtful of them: ``"none"``
+    #: (never resumed), ``"prefill"`` (the server continued the same turn: exact),
+    #: ``"deduplicated"`` (a new turn, its repeat of the delivered text removed),
+    #: ``"restart_removed"`` (the model began the answer again; the repeat removed whole),
+    #: ``"diverged"`` (a restart that drifted from the delivered text: joined at a word seam,
+    #: worth a look), ``"ended_at_seam"`` (the model would not continue: the answer stops where
+    #: the break left it, mid-sentence, although the finish reason is ``stop``).
+    join: Literal[
+        "none", "prefill", "deduplicated", "restart_removed", "diverged", "ended_at_seam"
+    ] = "none"
     type: Literal["done"] = field(default="done", init=False)
+
+    @property
+    def complete(self) -> bool:
+        """False when the model stopped at a resume's seam without finishing the answer."""
+        return self.join != "ended_at_seam"
 
 
 StatusEvent = RetryEvent | ResumeEvent | FallbackEvent

@@ -58,8 +58,13 @@ from streamres._core.classify import (
     failure,
     is_event_stream,
 )
-from streamres._core.continuation import Strategy, build_continuation, choose
-from streamres._core.dedup import Deduplicator
+from streamres._core.continuation import (
+    Strategy,
+    build_continuation,
+    choose,
+    continues_prefill,
+)
+from streamres._core.dedup import Deduplicator, ends_a_sentence
 from streamres._core.errors import (
     AttemptsExhausted,
     DeadlineExceeded,
@@ -219,6 +224,25 @@ class Memory:
     prefill_refused: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     #: Base URLs that have answered (any HTTP response): they get the patient policy.
     reached: set[str | None] = dataclasses.field(default_factory=set)
+    #: Base URLs whose server showed it continues a final assistant message (``server:
+    #: llama.cpp``): ``auto`` resumes them by prefill.
+    continues: set[str | None] = dataclasses.field(default_factory=set)
+
+
+#: How many times an instruct continuation that ended at the seam, adding nothing, is asked
+#: again (in the other wording, or of the next model) before the answer ends as it stands.
+SEAM_TRIES = 2
+
+#: How each resume was joined, from the surest to the most doubtful: the done event reports
+#: the most doubtful of the answer's resumes.
+JOINS: tuple[str, ...] = (
+    "none",
+    "prefill",
+    "deduplicated",
+    "restart_removed",
+    "diverged",
+    "ended_at_seam",
+)
 
 
 #: The token encoding of a model if already loaded (never loads): ``(name, counter)``.
@@ -354,6 +378,10 @@ class Answer:
         self.estimated = False
         self.wasted = ""
         self.deduplicated = 0
+        #: Instruct continuations that ended at the seam and were asked again.
+        self.seam_tries = 0
+        #: The most doubtful join so far (an index into ``JOINS``).
+        self.join = 0
         self.thinking: list[str] = []
         self.tool_calls: tuple[ToolCall, ...] = ()
         #: Complete signed thinking blocks of the answer so far (sent back on resume).
@@ -441,6 +469,8 @@ class Answer:
         at = self._attempt()
         self.fleet.queued(at.index, queued)
         self.memory.reached.add(at.route.base_url)
+        if continues_prefill(headers):
+            self.memory.continues.add(at.route.base_url)
         try:
             at.inflater = Inflater(
                 headers.get("content-encoding"), limit=self.opts.read_limits.inflate
@@ -728,6 +758,7 @@ class Answer:
                     strategy=strategy,
                     provider=route.provider,
                     thinking=self.signed_thinking,
+                    wording=self.seam_tries,
                 )
                 messages, extra = cont.messages, {**opts.extra_body, **cont.extra_body}
                 starts: list[int] = []
@@ -979,6 +1010,17 @@ class Answer:
                 held_chars=dedup.stats.held_chars,
                 hold_seconds=dedup.stats.hold_seconds,
             )
+        if dedup is not None:
+            self._joined(at, dedup, added)
+        if fail is None and self._ended_at_seam(at, added):
+            if self.seam_tries < SEAM_TRIES:
+                self.seam_tries += 1
+                fail = at.fail = failure(
+                    "ended_at_seam",
+                    "the continuation stopped at the seam without adding to the answer",
+                )
+            else:
+                self.join = JOINS.index("ended_at_seam")
         self.at = None
         if fail is None:
             self.history.append(Attempt(at.number, at.route.model, "ok", **fields))
@@ -1137,6 +1179,7 @@ class Answer:
                 tool_calls=self.tool_calls,
                 thinking="".join(self.thinking),
                 refusal=refusal,
+                join=JOINS[self.join],  # type: ignore[arg-type]
             )
         )
         return Finish(drain=self._lingering, until=min(self.t_end, now + DRAIN_SECONDS))
@@ -1187,6 +1230,38 @@ class Answer:
             reason=last.kind if last else None,
         )
 
+    def _joined(self, at: _Attempt, dedup: Deduplicator, added: int) -> None:
+        """Record how this continuation was joined onto the delivered text."""
+        stats = dedup.stats
+        if dedup.mode == "prefill":
+            kind = "prefill"
+            if stats.restarted:
+                # The server answered a prefill by starting over: it ignores the partial turn
+                # (llama-cpp-python's server). Instruct from now on.
+                assert at.route.base_url is not None
+                self.memory.prefill_refused.add((at.route.base_url, at.route.model))
+                kind = "restart_removed"
+        elif stats.diverged:
+            kind = "diverged"
+        elif stats.restarted:
+            kind = "restart_removed"
+        else:
+            kind = "deduplicated"
+        if added:  # a continuation that added nothing joined nothing
+            self.join = max(self.join, JOINS.index(kind))
+
+    def _ended_at_seam(self, at: _Attempt, added: int) -> bool:
+        """An instruct continuation that finished normally but added nothing of substance
+        while the answer stops mid-sentence: a restart shorter than what was delivered, a
+        bare preamble, an empty turn. Not a finished answer."""
+        dedup, decoder = at.dedup, at.decoder
+        if dedup is None or dedup.mode != "instruct" or decoder is None or self.tool_calls:
+            return False
+        if decoder.finish_reason not in (None, "stop", "end_turn"):
+            return False  # "length": the budget ended it, which the done event says
+        new = self.text[len(self.text) - added :] if added else ""
+        return not new.strip() and not ends_a_sentence(self.text)
+
     def _replaying(self) -> bool:
         return self.replay is not None and self.replay[0] == self.index
 
@@ -1197,7 +1272,13 @@ class Answer:
         assert route.base_url is not None
         if (route.base_url, route.model) in self.memory.prefill_refused:
             return "instruct"
-        return choose(route.provider, route.base_url, route.continuation, self.opts.extra_body)
+        return choose(
+            route.provider,
+            route.base_url,
+            route.continuation,
+            self.opts.extra_body,
+            server_continues=route.base_url in self.memory.continues,
+        )
 
     def _next_available(self, now: float) -> tuple[int | None, float]:
         """A chain position whose breaker lets a request through now (this one first), or the

