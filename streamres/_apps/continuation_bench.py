@@ -220,8 +220,10 @@ def judge(reference: str, partial: str, text: str) -> dict[str, Any]:
     """What the caller received, measured against the uncut answer."""
     after = text[len(partial) :] if text.startswith(partial) else text
     # Characters of the partial answer shown again: the longest run of it inside what came
-    # after the cut (20 characters or more: shorter matches are the language's own phrases).
-    dup = _longest_common(partial, after)
+    # after the cut, beyond what the uncut answer itself repeats (an answer may say "Paris"
+    # twice); 20 characters or more, shorter matches are the language's own phrases.
+    own = _longest_common(partial, reference[len(partial) :])
+    dup = _longest_common(partial, after) - own
     duplicated = dup if dup >= 20 else 0
     seam = not after.strip() and not ends_a_sentence(text)
     glued = bool(
