@@ -141,8 +141,16 @@ async def test_after_two_seams_the_next_model_is_asked() -> None:
         async with Client(routes, backoff=FAST) as client:
             text, events, done = await collect(client.stream(USER, model=["big", "small"]))
         assert text == up.answer(USER)
+        asked = [(r.model, r.body["messages"][-1]["content"]) for r in up.requests]
     assert done.model == "small" and done.complete
-    assert [e.type for e in events].count("fallback") == 1
+    steps = [(e.type, e.reason) for e in events if e.type in ("resume", "fallback")]
+    assert steps == [
+        ("resume", "connection"),
+        ("resume", "ended_at_seam"),  # asked again, quoting its last words
+        ("fallback", "ended_at_seam"),
+    ]
+    assert [m for m, _ in asked] == ["big", "big", "big", "small"]
+    assert "It ended with: «" in asked[2][1]
 
 
 def test_a_drifting_restart_is_cut_at_a_word_seam() -> None:

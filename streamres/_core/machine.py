@@ -37,6 +37,15 @@ and settles the books; ``account`` counts tokens; a failure goes to the policy
 failure. Every step that needs a token count first makes sure the encoding is loaded: it
 returns ``Load`` and runs again when the shell reports ``loaded``.
 
+A resumed attempt's text goes through the de-duplicator, which records how it was joined
+(``JOINS``: prefill, de-duplicated, restart removed, diverged; the done event reports the most
+doubtful). An instruct continuation that ends normally having added nothing while the answer
+stops mid-sentence — a restart shorter than what was delivered, a bare preamble — is not a
+finished answer: ``account`` turns it into an ``ended_at_seam`` failure, asked again in the
+quoting wording and then of the next model (``SEAM_TRIES``), after which the answer ends as it
+stands with ``join="ended_at_seam"``. A response whose headers show a server that continues a
+final assistant message (``server: llama.cpp``) is remembered, so ``auto`` resumes it by prefill.
+
 Whatever way the shell leaves (an error, the caller closing the stream), it calls
 :meth:`Answer.abandon`, which gives back what the attempt in progress holds: a breaker's
 half-open probe, an in-flight count, a concurrency slot, a budget ticket.
@@ -1036,7 +1045,12 @@ class Answer:
         if fail.kind == "prefill_rejected":
             assert at.route.base_url is not None
             self.memory.prefill_refused.add((at.route.base_url, at.route.model))
-        self.failures[self.pos] = 1 if added else self.failures[self.pos] + 1
+        if fail.kind == "ended_at_seam":
+            # The model is well, it would not continue: the first time, ask it again (in the
+            # other wording); the second, the policy moves to the next model.
+            self.failures[self.pos] = self.seam_tries
+        else:
+            self.failures[self.pos] = 1 if added else self.failures[self.pos] + 1
         return self._decide(at, fail, now)
 
     def _decide(self, at: _Attempt, fail: Failure, now: float) -> Action:

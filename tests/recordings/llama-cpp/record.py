@@ -233,7 +233,9 @@ def main(binary: str, vocab: str) -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=10)
-    sources = [s for s in json.loads(SOURCES.read_text("utf-8")) if s["repository"] != LLAMA_CPP]
+    sources = [
+        s for s in json.loads(SOURCES.read_text("utf-8")) if not s["file"].startswith("llama-cpp/")
+    ]
     for name, raw in bodies.items():
         file = HERE / f"chat-{name}.sse"
         file.write_bytes(raw)
