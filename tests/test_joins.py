@@ -7,6 +7,7 @@ space before its first word gets it back."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,6 +107,30 @@ async def test_an_instruct_continuation_that_ends_at_the_seam_is_not_a_complete_
     wordings = [r.body["messages"][-1]["content"] for r in up.requests[1:]]
     assert wordings[0] == streamres.CONTINUE_INSTRUCTION
     assert "It ended with: «" in wordings[1]
+
+
+async def test_a_restart_that_stops_at_a_sentence_end_is_not_passed_off_as_complete() -> None:
+    """Cut after a whole sentence, the model (asked to continue) says that sentence again and
+    stops: nothing was added. That is no finished answer either: asked again, and reported."""
+    first = ["Plants", " make", " food.", " They", " use"]
+    cut = [head(), *(chunk(openai_chunk(w)) for w in first[:3]), "reset"]
+    again = [
+        head(),
+        *(chunk(openai_chunk(w)) for w in first[:3]),
+        chunk(openai_chunk(finish="stop")),
+        chunk(b"data: [DONE]\n\n"),
+        END,
+    ]
+    async with hostile(cut, again) as srv:
+        text, _events, done = await collect(
+            streamres.stream_resilient(
+                USER, model="m", base_url=srv.url, continuation="instruct", backoff=FAST
+            )
+        )
+        requests = len(srv.requests)
+    assert text == "Plants make food."
+    assert done.join == "ended_at_seam" and not done.complete
+    assert requests == 2 + SEAM_TRIES
 
 
 async def test_the_quoting_wording_recovers_a_continuation_that_stopped_at_the_seam() -> None:
@@ -211,3 +236,44 @@ def test_the_quoting_wording_quotes_from_a_word_start() -> None:
     quoted = said.split("«", 1)[1].split("»", 1)[0]
     assert partial.endswith(quoted) and quoted.startswith("word") and len(quoted) <= 160
     assert instruction(partial, 0) == streamres.CONTINUE_INSTRUCTION
+
+
+# -- what a real instruct model sends (recorded from SmolLM2 on llama-server) ------------------
+
+SMOL = Path(__file__).parent / "recordings" / "smollm2"
+
+
+def _deltas(name: str) -> list[str]:
+    """The text pieces of a recorded stream, one per event, as they came."""
+    pieces = []
+    for line in (SMOL / f"chat-{name}.sse").read_bytes().split(b"\n"):
+        if line.startswith(b"data: {"):
+            for choice in json.loads(line[6:]).get("choices") or ():
+                if (choice.get("delta") or {}).get("content"):
+                    pieces.append(choice["delta"]["content"])
+    return pieces
+
+
+def test_the_recorded_prefill_continues_the_same_turn_exactly() -> None:
+    """Recorded: the partial code answer sent back with continue_final_message; the real
+    model's reply is exactly the rest of its uncut answer."""
+    partial = json.loads((SMOL / "cuts.json").read_text("utf-8"))["code"]
+    whole = "".join(_deltas("answer-code"))
+    dd = Deduplicator(partial, mode="prefill")
+    out = "".join(dd.feed(piece, now=0.0) for piece in _deltas("prefill-continues"))
+    assert partial + out + dd.finish(now=0.0) == whole
+
+
+def test_a_recorded_real_restart_is_never_shown_twice() -> None:
+    """Recorded: asked in a new turn to continue, the real model begins the answer again.
+    Fed as it came, the de-duplicator removes the repeat: no run of the delivered text comes
+    back to the caller."""
+    from streamres._apps.continuation_bench import longest_common
+
+    partial = json.loads((SMOL / "cuts.json").read_text("utf-8"))["code"]
+    reply = _deltas("instruct-restarts")
+    assert "".join(reply)[:20] == partial[:20]  # what the model really does: a restart
+    dd = Deduplicator(partial, mode="instruct")
+    out = "".join(dd.feed(piece, now=0.0) for piece in reply) + dd.finish(now=0.0)
+    assert dd.stats.restarted or dd.stats.diverged
+    assert longest_common(partial, out) < 20, out[:120]

@@ -41,9 +41,8 @@ import httpx
 
 import streamres
 from streamres._core.continuation import instruction
-from streamres._core.dedup import ends_a_sentence
 
-__all__ = ["PROMPTS", "cutting_proxy", "judge", "launch", "main", "serve_gguf"]
+__all__ = ["PROMPTS", "cutting_proxy", "judge", "launch", "longest_common", "main", "serve_gguf"]
 
 #: Explanations, lists, code, short facts; five in Chinese (the source document's readers).
 PROMPTS: tuple[str, ...] = (
@@ -222,10 +221,11 @@ def judge(reference: str, partial: str, text: str) -> dict[str, Any]:
     # Characters of the partial answer shown again: the longest run of it inside what came
     # after the cut, beyond what the uncut answer itself repeats (an answer may say "Paris"
     # twice); 20 characters or more, shorter matches are the language's own phrases.
-    own = _longest_common(partial, reference[len(partial) :])
-    dup = _longest_common(partial, after) - own
+    own = longest_common(partial, reference[len(partial) :])
+    dup = longest_common(partial, after) - own
     duplicated = dup if dup >= 20 else 0
-    seam = not after.strip() and not ends_a_sentence(text)
+    # Nothing added after the cut although the uncut answer goes on: the answer stops there.
+    seam = not after.strip() and len(reference.strip()) > len(text.strip())
     glued = bool(
         partial
         and after
@@ -248,7 +248,7 @@ def judge(reference: str, partial: str, text: str) -> dict[str, Any]:
     }
 
 
-def _longest_common(a: str, b: str) -> int:
+def longest_common(a: str, b: str) -> int:
     """Length of the longest common substring of ``a`` and ``b`` (bounded dynamic program)."""
     a, b = a[-1500:], b[:1500]
     best, prev = 0, [0] * (len(b) + 1)
@@ -325,11 +325,20 @@ async def run(
     url: str, prompts: Sequence[str], *, max_tokens: int, deadline: float, progress: bool
 ) -> dict[str, Any]:
     cases: list[Case] = []
+    skipped: list[str] = []
+    budgeted = 0  # references that ended at the budget, not by themselves
     wordings: dict[str, dict[str, int]] = {"plain": {}, "quoting": {}}
     async with httpx.AsyncClient(timeout=httpx.Timeout(deadline)) as http:
         for n, prompt in enumerate(prompts, 1):
             asked = [{"role": "user", "content": prompt}]
-            reference, size, _finish = await raw_stream(http, url, _body(asked, max_tokens))
+            for _ in range(3):  # a reference that failed (a timeout on a busy machine): again
+                reference, size, finish = await raw_stream(http, url, _body(asked, max_tokens))
+                if reference and finish:
+                    break
+            else:
+                skipped.append(prompt)
+                continue
+            budgeted += finish == "length"
             for cut, share in CUTS:
                 cut_after = max(1, int(size * share))
                 for how in (*STRATEGIES, *BASELINES):
@@ -359,7 +368,7 @@ async def run(
                             wordings[name][kind] = wordings[name].get(kind, 0) + 1
             if progress:
                 print(f"  {n}/{len(prompts)} prompts", file=sys.stderr, flush=True)
-    return {"cases": cases, "wordings": wordings}
+    return {"cases": cases, "wordings": wordings, "skipped": skipped, "budgeted": budgeted}
 
 
 def summarise(cases: Sequence[Case]) -> list[dict[str, Any]]:
@@ -379,6 +388,12 @@ def summarise(cases: Sequence[Case]) -> list[dict[str, Any]]:
                 "duplicated_chars": sum(c.verdict["duplicated_chars"] for c in mine),
                 "ended_at_seam": sum(c.verdict["ended_at_seam"] for c in mine),
                 "reported_incomplete": sum(c.join == "ended_at_seam" for c in mine),
+                "silently_truncated": sum(
+                    c.verdict["ended_at_seam"] and c.join != "ended_at_seam" for c in mine
+                ),
+                "past_the_budget": sum(
+                    c.text.startswith(c.reference) and len(c.text) > len(c.reference) for c in mine
+                ),
                 "glued": sum(c.verdict["glued"] for c in mine),
                 "recover_p50_s": round(secs[len(secs) // 2], 2) if secs else None,
                 "joins": sorted({c.join for c in mine if c.join}),
@@ -430,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(" | ".join(str(row[h]) for h in heads))
     print("raw replies to the instruct wordings:", json.dumps(got["wordings"]))
+    print(f"references that ended at the budget: {got['budgeted']}; skipped: {got['skipped']}")
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(
             {
@@ -438,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": round(time.monotonic() - started, 1),
                 "rows": rows,
                 "wordings": got["wordings"],
+                "budgeted": got["budgeted"],
+                "skipped": got["skipped"],
                 "cases": [c.__dict__ for c in got["cases"]],
             },
             f,

@@ -290,8 +290,10 @@ class DoneEvent:
     #: ``"deduplicated"`` (a new turn, its repeat of the delivered text removed),
     #: ``"restart_removed"`` (the model began the answer again; the repeat removed whole),
     #: ``"diverged"`` (a restart that drifted from the delivered text: joined at a word seam,
-    #: worth a look), ``"ended_at_seam"`` (the model would not continue: the answer stops where
-    #: the break left it, mid-sentence, although the finish reason is ``stop``).
+    #: worth a look), ``"ended_at_seam"`` (asked to continue, the model added nothing, again and
+    #: again: the answer stops where the break left it, although the finish reason is
+    #: ``stop`` — mid-sentence, or at a sentence end the model may or may not have meant as
+    #: its last).
     join: Literal[
         "none", "prefill", "deduplicated", "restart_removed", "diverged", "ended_at_seam"
     ] = "none"

@@ -39,9 +39,8 @@ returns ``Load`` and runs again when the shell reports ``loaded``.
 
 A resumed attempt's text goes through the de-duplicator, which records how it was joined
 (``JOINS``: prefill, de-duplicated, restart removed, diverged; the done event reports the most
-doubtful). An instruct continuation that ends normally having added nothing while the answer
-stops mid-sentence — a restart shorter than what was delivered, a bare preamble — is not a
-finished answer: ``account`` turns it into an ``ended_at_seam`` failure, asked again in the
+doubtful). An instruct continuation that ends normally having added nothing — a restart no
+longer than what was delivered, a bare preamble — is not a finished answer: ``account`` turns it into an ``ended_at_seam`` failure, asked again in the
 quoting wording and then of the next model (``SEAM_TRIES``), after which the answer ends as it
 stands with ``join="ended_at_seam"``. A response whose headers show a server that continues a
 final assistant message (``server: llama.cpp``) is remembered, so ``auto`` resumes it by prefill.
@@ -73,7 +72,7 @@ from streamres._core.continuation import (
     choose,
     continues_prefill,
 )
-from streamres._core.dedup import Deduplicator, ends_a_sentence
+from streamres._core.dedup import Deduplicator
 from streamres._core.errors import (
     AttemptsExhausted,
     DeadlineExceeded,
@@ -1265,16 +1264,19 @@ class Answer:
             self.join = max(self.join, JOINS.index(kind))
 
     def _ended_at_seam(self, at: _Attempt, added: int) -> bool:
-        """An instruct continuation that finished normally but added nothing of substance
-        while the answer stops mid-sentence: a restart shorter than what was delivered, a
-        bare preamble, an empty turn. Not a finished answer."""
+        """An instruct continuation that finished normally having added nothing of substance:
+        a restart no longer than what was delivered, a bare preamble, an empty turn. Not a
+        finished answer, even when the delivered text ends a sentence — measured on a real
+        instruct model, that is mostly a restart that stopped after the sentences it had
+        already given (a prefill continuation that adds nothing is the model saying it is
+        done, and is believed)."""
         dedup, decoder = at.dedup, at.decoder
         if dedup is None or dedup.mode != "instruct" or decoder is None or self.tool_calls:
             return False
         if decoder.finish_reason not in (None, "stop", "end_turn"):
             return False  # "length": the budget ended it, which the done event says
         new = self.text[len(self.text) - added :] if added else ""
-        return not new.strip() and not ends_a_sentence(self.text)
+        return not new.strip()
 
     def _replaying(self) -> bool:
         return self.replay is not None and self.replay[0] == self.index
