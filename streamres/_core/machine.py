@@ -42,8 +42,9 @@ A resumed attempt's text goes through the de-duplicator, which records how it wa
 doubtful). An instruct continuation that ends normally having added nothing — a restart no
 longer than what was delivered, a bare preamble — is not a finished answer: ``account`` turns
 it into an ``ended_at_seam`` failure, asked again in the quoting wording and then of the next
-model (``SEAM_TRIES``), after which the answer ends as it stands with ``join="ended_at_seam"``. A response whose headers show a server that continues a
-final assistant message (``server: llama.cpp``) is remembered, so ``auto`` resumes it by prefill.
+model (``SEAM_TRIES``), after which the answer ends as it stands with ``join="ended_at_seam"``.
+A response whose headers show a server that continues a final assistant message (``server:
+llama.cpp``) is remembered, so ``auto`` resumes it by prefill.
 
 Whatever way the shell leaves (an error, the caller closing the stream), it calls
 :meth:`Answer.abandon`, which gives back what the attempt in progress holds: a breaker's
