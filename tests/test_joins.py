@@ -69,6 +69,33 @@ async def test_auto_resumes_a_llama_cpp_server_by_prefill(
         assert done.join == "deduplicated"
 
 
+@pytest.mark.parametrize(("server", "left"), [("llama.cpp", 20 - 3), (None, None)])
+async def test_the_budget_left_is_counted_in_the_servers_tokens(
+    server: str | None, left: int | None
+) -> None:
+    """llama.cpp sends one token per event: after a prefill resume, the request asks for the
+    budget less the events delivered (its own tokens), not less a count in another encoding.
+    Elsewhere the ledger's encoding counts."""
+    from streamres._shell.stream import _load_counter_now
+
+    first = ["Photosynthesis", " is", " remarkable"]  # 3 events; more tokens in cl100k
+    async with hostile(*cut_then(first, ["!"], server=server)) as srv:
+        await collect(
+            streamres.stream_resilient(
+                USER,
+                model="m",
+                base_url=srv.url,
+                backoff=FAST,
+                max_tokens=20,
+                continuation="prefill",
+            )
+        )
+    asked = body_of(srv.requests[1])["max_tokens"]
+    cl100k = _load_counter_now("m")[1]("".join(first))
+    assert cl100k != 3  # the two counts differ, so the test tells them apart
+    assert asked == (left if left is not None else 20 - cl100k)
+
+
 async def test_a_server_that_restarts_a_prefill_is_remembered_as_instruct() -> None:
     """Asked for prefill, a server that starts the answer over (llama-cpp-python ignores
     continue_final_message): the restart is removed whole, and the next resume is instruct."""

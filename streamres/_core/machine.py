@@ -302,6 +302,7 @@ class _Attempt:
         "inflater",
         "lingering",
         "number",
+        "pieces",
         "reached",
         "request",
         "route",
@@ -332,6 +333,8 @@ class _Attempt:
         self.first_content: float | None = None
         self.chars_before = 0
         self.tokens_before = 0
+        #: Events that carried text: tokens, on a server that sends one per event.
+        self.pieces = 0
         self.reached = False
         self.eof = False
         self.lingering = False
@@ -391,6 +394,11 @@ class Answer:
         self.seam_tries = 0
         #: The most doubtful join so far (an index into ``JOINS``).
         self.join = 0
+        #: The delivered answer's length in the *server's* tokens, while every attempt so far
+        #: was on a server that sends one token per event (llama.cpp's) and joined exactly
+        #: (prefill): the budget left after a resume is counted in these. ``None``: unknown,
+        #: the ledger's encoding counts instead.
+        self.server_tokens: int | None = 0
         self.thinking: list[str] = []
         self.tool_calls: tuple[ToolCall, ...] = ()
         #: Complete signed thinking blocks of the answer so far (sent back on resume).
@@ -758,7 +766,7 @@ class Answer:
         else:
             if self.chars:
                 if budget is not None:
-                    budget -= self._tokens()
+                    budget -= self._tokens() if self.server_tokens is None else self.server_tokens
                 strategy = self._strategy()
                 assert strategy != "replay"
                 cont = build_continuation(
@@ -863,6 +871,7 @@ class Answer:
             if text:
                 self._deliver(text)
         if pieces:
+            at.pieces += len(pieces)
             self.stall.output(now)
             if at.first_content is None:
                 at.first_content = now
@@ -1021,6 +1030,7 @@ class Answer:
             )
         if dedup is not None:
             self._joined(at, dedup, added)
+        self._count_server_tokens(at, dedup)
         if fail is None and self._ended_at_seam(at, added):
             if self.seam_tries < SEAM_TRIES:
                 self.seam_tries += 1
@@ -1263,6 +1273,19 @@ class Answer:
             kind = "deduplicated"
         if added:  # a continuation that added nothing joined nothing
             self.join = max(self.join, JOINS.index(kind))
+
+    def _count_server_tokens(self, at: _Attempt, dedup: Deduplicator | None) -> None:
+        """Keep the answer's length in the server's own tokens while it can be known: every
+        attempt on a server that sends one token per event (llama.cpp's server, which names
+        itself) and every resume a prefill that dropped nothing (so each event received was
+        delivered)."""
+        if self.server_tokens is None:
+            return
+        exact = dedup is None or (dedup.mode == "prefill" and not dedup.stats.dropped)
+        if at.route.base_url in self.memory.continues and exact:
+            self.server_tokens += at.pieces
+        else:
+            self.server_tokens = None
 
     def _ended_at_seam(self, at: _Attempt, added: int) -> bool:
         """An instruct continuation that finished normally having added nothing of substance:
