@@ -252,6 +252,48 @@ async def test_client_keys_and_their_limits() -> None:
             await first.close()
 
 
+async def test_a_deeply_nested_body_is_a_400_and_gives_its_slot_back() -> None:
+    """A few KB of nested JSON is a 400 in the caller's format, not a 500, and the client key's
+    in-flight count comes back: five of them, then an ordinary request still gets through."""
+    async with Upstream() as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "clients": [{"name": "ui", "key_env": "UI_KEY", "max_in_flight": 1}],
+        }
+        config = parse(raw, {"UI_KEY": "client-secret"})
+        auth = {"authorization": "Bearer client-secret", "content-type": "application/json"}
+        nested = b'{"model": "m", "messages": ' + b"[" * 6000 + b"]" * 6000 + b"}"
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+            for _ in range(5):
+                r = await http.post(run.url + "/v1/chat/completions", headers=auth, content=nested)
+                assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+            ok = await http.post(
+                run.url + "/v1/chat/completions", headers=auth, json={"model": "m", "messages": Q}
+            )
+        assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "wizard", "content": "hi"}],
+        [{"role": "user", "content": "\ud800"}],
+    ],
+)
+async def test_a_request_the_library_refuses_is_a_400_not_a_503(messages: Any) -> None:
+    """What the library refuses as InvalidRequest (a bogus role, a lone surrogate) is the
+    caller's mistake: 400 without Retry-After, so no SDK retries it."""
+    async with running(port=0, faults="none", token_delay=0) as run:
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.post(
+                run.url + "/v1/chat/completions",
+                content=json.dumps({"model": "demo", "messages": messages}).encode(),
+                headers={"content-type": "application/json"},
+            )
+    assert r.status_code == 400, r.text
+    assert "retry-after" not in r.headers
+
+
 async def test_a_client_that_goes_away_closes_the_upstream_stream() -> None:
     """Closing the client's stream mid-answer: the upstream sees its stream end at once."""
     async with running(port=0, faults="none", token_delay=0.05) as run:

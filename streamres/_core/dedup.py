@@ -33,9 +33,19 @@ such position is left, it decides, once:
    with the rest of it); in prefill mode the whitespace the request had to strip is.
 
 2. ``h`` repeated at least ``commit_chars`` of ``D`` and then drifted (a restart that diverged):
-   drop the repeated part, emit from the divergence;
+   drop the repeated part, emit from the start of the word where it drifted (never from
+   inside a word), and say so (``stats.diverged``);
 3. otherwise emit all of ``h``. Dropping real text is worse than showing a duplicate, so short
-   or coincidental matches at no seam never cause a drop.
+   or coincidental matches at no seam never cause a drop. A new turn drops the space the next
+   token would have carried ("…known as" + "Ray"): in a spaced script, outside a code block,
+   a space goes back before a head that begins a capitalised word after a word, or any word
+   after a stop or a comma (decided on the head's first character, so chunking cannot change
+   it).
+
+When the stream ends while ``h`` is still a possible repeat, it is dropped whole if it is long
+(``commit_chars``) or if it is ``D``'s own beginning (``min_overlap`` or more): the answer begun
+again and stopped short of the cut, which small instruct models do (``stats.restarted``). The
+continuation then added nothing; the machine does not take that for a finished answer.
 
 A preamble is removed only when it says it is one: a continuation phrase ("continuing", "here
 is the rest", "我继续", "接着上文", "続けます", "계속하겠습니다", "je continue", "ich fahre fort",
@@ -392,9 +402,8 @@ class Deduplicator:
 
     def _spaced(self, h: str) -> str:
         """A new turn drops the space the next token would have carried: "…known as" +
-        "Ray" must not read "asRay". Put one back where the seam is plain — the delivered text
-        ends a word or a sentence in a spaced script and the head begins a capitalised word —
-        never inside a word cut mid-way ("compu" + "ter")."""
+        "Ray" must not read "asRay". Put one back where the seam is plain (rule 3 in the module
+        docstring) — never inside a word cut mid-way ("compu" + "ter") nor in a code block."""
         d = self._d
         if self.mode != "instruct" or not d or not h or d[-1].isspace() or h[0].isspace():
             return h

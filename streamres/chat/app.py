@@ -144,16 +144,16 @@ class Session:
         elapsed = anyio.current_time() - started
         history = done.history if done else error.history if error else ()
         productive = sum(a.seconds for a in history if a.chars)
+        if done is not None:
+            resumes = done.resumes
+        elif error is not None:
+            resumes = sum(1 for a in history[1:] if a.chars)
+        else:  # stopped: no history came back, only the status events
+            resumes = turn.resumes
         stats = AnswerStats(
             outcome="ok" if done else "failed" if error else "stopped",
             attempts=len(history) or turn.attempts,
-            resumes=(
-                done.resumes
-                if done
-                else sum(1 for a in history[1:] if a.chars)
-                if error
-                else turn.resumes
-            ),
+            resumes=resumes,
             repeated_tokens=done.usage.wasted_tokens if done else 0,
             seconds=elapsed,
             lost=max(0.0, elapsed - productive),

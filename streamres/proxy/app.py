@@ -109,24 +109,27 @@ class Proxy:
         self.requests.append(served)
         try:
             state = self._admit(headers)
-            call = parse(api, await _body(receive))
-            chain = self.config.models.get(call.model)
-            if chain is None:
-                raise _Refused(
-                    404,
-                    f"the model {call.model!r} does not exist here; "
-                    f"GET /v1/models lists {sorted(self.config.models)}",
-                )
-        except (_Refused, BadRequest) as exc:
-            if state is not None:
-                state.in_flight -= 1
-            status = exc.status if isinstance(exc, _Refused) else 400
-            retry = exc.retry_after if isinstance(exc, _Refused) else None
-            served[2] = status
-            await _error(send, api, status, str(exc), retry)
+        except _Refused as exc:
+            served[2] = exc.status
+            await _error(send, api, exc.status, str(exc), exc.retry_after)
             return
-        served[1] = call.model
-        try:
+        try:  # from here on, however the request ends, its key's in-flight count goes back
+            try:
+                call = parse(api, await _body(receive))
+                chain = self.config.models.get(call.model)
+                if chain is None:
+                    raise _Refused(
+                        404,
+                        f"the model {call.model!r} does not exist here; "
+                        f"GET /v1/models lists {sorted(self.config.models)}",
+                    )
+            except (_Refused, BadRequest) as exc:
+                status = exc.status if isinstance(exc, _Refused) else 400
+                retry = exc.retry_after if isinstance(exc, _Refused) else None
+                served[2] = status
+                await _error(send, api, status, str(exc), retry)
+                return
+            served[1] = call.model
             status_events = headers.get("x-streamres-status") == "events"
             writer = Writer(call, status_events=status_events)
             await self._run(call, chain, writer, receive, send, served)
@@ -304,6 +307,8 @@ class Proxy:
 
 def _status_of(exc: streamres.StreamError) -> tuple[int, float | None]:
     """The HTTP status for an answer that failed before any text, and a Retry-After."""
+    if isinstance(exc, streamres.InvalidRequest):
+        return 400, None  # the request itself is wrong: retrying cannot help, so no 503
     if isinstance(exc, streamres.RequestRejected) and exc.status_code and exc.status_code < 500:
         return exc.status_code, None
     if isinstance(exc, streamres.DeadlineExceeded):

@@ -40,6 +40,15 @@ class Call:
 def parse(api: API, raw: bytes) -> Call:
     """The client's request body -> a :class:`Call` (:class:`BadRequest` with why)."""
     try:
+        return _parse(api, raw)
+    except RecursionError:
+        # json.loads (and the conversions after it) recurse per level: a body of a few KB of
+        # "[[[[…" must be a 400 like any other bad body, not a 500.
+        raise BadRequest("the request body is nested too deeply to be a request") from None
+
+
+def _parse(api: API, raw: bytes) -> Call:
+    try:
         body = json.loads(raw)
     except ValueError as exc:
         raise BadRequest(f"the request body is not JSON ({exc})") from exc
