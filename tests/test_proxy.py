@@ -283,13 +283,15 @@ async def test_a_deeply_nested_body_is_a_400_and_gives_its_slot_back() -> None:
 async def test_a_request_the_library_refuses_is_a_400_not_a_503(messages: Any) -> None:
     """What the library refuses as InvalidRequest (a bogus role, a lone surrogate) is the
     caller's mistake: 400 without Retry-After, so no SDK retries it."""
-    async with running(port=0, faults="none", token_delay=0) as run:
-        async with httpx.AsyncClient(timeout=30) as http:
-            r = await http.post(
-                run.url + "/v1/chat/completions",
-                content=json.dumps({"model": "demo", "messages": messages}).encode(),
-                headers={"content-type": "application/json"},
-            )
+    async with (
+        running(port=0, faults="none", token_delay=0) as run,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        r = await http.post(
+            run.url + "/v1/chat/completions",
+            content=json.dumps({"model": "demo", "messages": messages}).encode(),
+            headers={"content-type": "application/json"},
+        )
     assert r.status_code == 400, r.text
     assert "retry-after" not in r.headers
 
