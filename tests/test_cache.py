@@ -176,3 +176,20 @@ async def test_cache_savings_are_prometheus_metrics() -> None:
         text = generate_latest(registry).decode()
     assert "streamres_cache_hits_total 1.0" in text
     assert "streamres_requests_saved_total 1.0" in text
+
+
+async def test_answers_are_shared_only_within_a_cache_scope() -> None:
+    """cache_scope: the same question from two scopes makes two requests (at once or later),
+    from one scope one; a scope that is not a string is refused at the call."""
+    async with (
+        Upstream(token_delay=0.005) as up,
+        streamres.Client(_routes(up), cache=Cache()) as client,
+    ):
+        async with anyio.create_task_group() as tg:  # in flight together: no joining across
+            for scope in ("team-a", "team-b"):
+                tg.start_soon(collect, client.stream(USER, model="m", cache_scope=scope))
+        assert len(up.requests) == 2
+        text, _, done = await collect(client.stream(USER, model="m", cache_scope="team-a"))
+        assert text == up.answer(USER) and done.cache == "hit" and len(up.requests) == 2
+        with pytest.raises(streamres.InvalidRequest, match="cache_scope"):
+            client.stream(USER, model="m", cache_scope=7)  # type: ignore[arg-type]

@@ -459,6 +459,31 @@ async def test_the_health_board_shows_a_model_turning_jammed_in_a_browser() -> N
     assert 'data-model="demo-small" data-status="healthy"' in dom
 
 
+async def test_tenants_never_share_answers() -> None:
+    """Two client keys ask the same question: each gets its own upstream answer (the cache and
+    single-flight are per key); the same key asking again is answered from its cache."""
+    async with Upstream() as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "clients": [{"name": "a", "key_env": "A_KEY"}, {"name": "b", "key_env": "B_KEY"}],
+            "cache": {"ttl": 60},
+        }
+        config = parse(raw, {"A_KEY": "key-a", "B_KEY": "key-b"})
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+
+            async def ask(key: str) -> str:
+                r = await http.post(
+                    run.url + "/v1/chat/completions",
+                    headers={"authorization": f"Bearer {key}"},
+                    json={"model": "m", "messages": Q},
+                )
+                return str(r.json()["choices"][0]["message"]["content"])
+
+            answers = [await ask("key-a"), await ask("key-b"), await ask("key-a")]
+        assert answers == [up.answer(Q)] * 3
+        assert len(up.requests) == 2  # a, then b on its own; a's repeat from a's cache
+
+
 async def test_a_proxy_with_a_cache_asks_once_for_a_repeated_question() -> None:
     """[cache] in routes.toml: the same question twice through the proxy, one upstream
     request; the second answer exact, from the cache."""

@@ -216,14 +216,21 @@ class Client:
         max_tokens: int | None = None,
         max_attempts: int | None = None,
         headers: Mapping[str, str] | None = None,
+        cache_scope: str | None = None,
         **more: Any,
     ) -> ResilientStream:
         """Stream one answer. ``model``: a route name (then its fallbacks, unless
         ``fallback=False``), an explicit sequence of route names, or ``None`` to pick by
-        weight. Other arguments as for :func:`stream_resilient`."""
+        weight. ``cache_scope``: with ``cache=``, answers are shared (cached, single-flight,
+        semantic) only between requests of the same scope — a tenant, a team, a user; the
+        proxy scopes by client key. Other arguments as for :func:`stream_resilient`."""
         if self._http is None or self._limits is None:
             raise InvalidRequest(
                 "use the client inside `async with Client(...) as client:`", reason="invalid"
+            )
+        if cache_scope is not None and not isinstance(cache_scope, str):
+            raise InvalidRequest(
+                f"cache_scope must be a string, not {cache_scope!r:.60}", reason="invalid"
             )
         if model is not None and not isinstance(model, (str, Sequence)):
             raise InvalidRequest(
@@ -260,7 +267,7 @@ class Client:
         if self._flights is None:
             return ResilientStream(_run(opts, http, limits))
         routes = [self.fleet.routes[i].key for i in chain]
-        params = {**more, "_headers": dict(headers or {})}
+        params = {**more, "_headers": dict(headers or {}), "_scope": cache_scope}
         key = cache_key(messages, routes, max_tokens, params)
         keep = self._flights.cache.keeps(more)
         question = None

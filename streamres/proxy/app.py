@@ -132,7 +132,9 @@ class Proxy:
             served[1] = call.model
             status_events = headers.get("x-streamres-status") == "events"
             writer = Writer(call, status_events=status_events)
-            await self._run(call, chain, writer, receive, send, served)
+            # Answers are shared (cache, single-flight) within a client key, never across.
+            tenant = state.key.name if state is not None else None
+            await self._run(call, chain, writer, receive, send, served, tenant)
         finally:
             if state is not None:
                 state.in_flight -= 1
@@ -175,15 +177,17 @@ class Proxy:
         receive: Receive,
         send: Send,
         served: list[Any],
+        tenant: str | None,
     ) -> None:
-        """Stream (or collect) the answer; ``served[2]``: the HTTP status sent."""
+        """Stream (or collect) the answer; ``served[2]``: the HTTP status sent; ``tenant``: the
+        client key whose answers it may share."""
         kwargs: dict[str, Any] = dict(call.params)
         if call.max_tokens is not None:
             kwargs["max_tokens"] = call.max_tokens
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
             try:
-                await self._relay(call, chain, kwargs, writer, send, served)
+                await self._relay(call, chain, kwargs, writer, send, served, tenant)
             finally:
                 tg.cancel_scope.cancel()
 
@@ -195,6 +199,7 @@ class Proxy:
         writer: Writer,
         send: Send,
         served: list[Any],
+        tenant: str | None,
     ) -> None:
         started = False
         pending: list[bytes] = []
@@ -209,7 +214,9 @@ class Proxy:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
         try:
-            async with self.client.stream(call.messages, model=chain, **kwargs) as events:
+            async with self.client.stream(
+                call.messages, model=chain, cache_scope=tenant, **kwargs
+            ) as events:
                 async for ev in events:
                     if not call.stream:
                         if ev.type == "done":
