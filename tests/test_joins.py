@@ -229,13 +229,15 @@ def test_a_drifting_restart_is_cut_at_a_word_seam() -> None:
         ("The window grows", " slowly.", "The window grows slowly."),
         ("It computes the compu", "ter's answer.", "It computes the computer's answer."),
         ("```js\nconst v = obj.get", "Value();", "```js\nconst v = obj.getValue();"),
+        ("It speaks HT", "TP/1.1 only.", "It speaks HTTP/1.1 only."),
     ],
 )
 def test_a_new_turn_that_dropped_its_space_gets_it_back(
     delivered: str, head: str, joined: str
 ) -> None:
     """A capitalised word or a word after a stop gets its space back; a word cut mid-way
-    ("compu" + "ter") and an identifier in a code block are left whole."""
+    ("compu" + "ter"), an acronym cut mid-way and an identifier in a code block are left
+    whole."""
     dd = Deduplicator(delivered, mode="instruct")
     out = dd.feed(head, now=0.0) + dd.finish(now=0.1)
     assert delivered + out == joined

@@ -38,8 +38,8 @@ such position is left, it decides, once:
 3. otherwise emit all of ``h``. Dropping real text is worse than showing a duplicate, so short
    or coincidental matches at no seam never cause a drop. A new turn drops the space the next
    token would have carried ("…known as" + "Ray"): in a spaced script, outside a code block,
-   a space goes back before a head that begins a capitalised word after a word, or any word
-   after a stop or a comma (decided on the head's first character, so chunking cannot change
+   a space goes back before a head that begins a capitalised word after a lower-case letter
+   (not "HT" + "TP"), or any word after a stop or a comma (decided on the head's first character, so chunking cannot change
    it).
 
 When the stream ends while ``h`` is still a possible repeat, it is dropped whole if it is long
@@ -414,7 +414,8 @@ class Deduplicator:
         if (
             latin
             and h[0].isalnum()
-            and (d[-1] in ".,;:!?)" or (d[-1].isalpha() and h[0].isupper()))
+            # "as" + "Ray": a new word; "HT" + "TP": an acronym cut mid-way, left whole.
+            and (d[-1] in ".,;:!?)" or (d[-1].islower() and h[0].isupper()))
         ):
             self.stats.spaced = True
             return " " + h
