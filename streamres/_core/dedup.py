@@ -39,8 +39,8 @@ such position is left, it decides, once:
    or coincidental matches at no seam never cause a drop. A new turn drops the space the next
    token would have carried ("…known as" + "Ray"): in a spaced script, outside a code block,
    a space goes back before a head that begins a capitalised word after a lower-case letter
-   (not "HT" + "TP"), or any word after a stop or a comma (decided on the head's first character, so chunking cannot change
-   it).
+   (not "HT" + "TP"), or any word after a stop or a comma (decided on the head's first
+   character and the delivered text's last, so chunking cannot change it).
 
 When the stream ends while ``h`` is still a possible repeat, it is dropped whole if it is long
 (``commit_chars``) or if it is ``D``'s own beginning (``min_overlap`` or more): the answer begun
