@@ -111,20 +111,18 @@ async def test_a_server_that_restarts_a_prefill_is_remembered_as_instruct() -> N
     assert done.join == "restart_removed"
 
 
+def _instruct(up: Upstream) -> streamres.ResilientStream:
+    """The question, resumed by instruct on the embedded upstream."""
+    return streamres.stream_resilient(
+        USER, model="m", base_url=up.openai_url, api_key="k", continuation="instruct", backoff=FAST
+    )
+
+
 async def test_an_instruct_continuation_that_ends_at_the_seam_is_not_a_complete_answer() -> None:
     """A model that only ever restarts and stops short of the cut: asked again (the other
     wording), then the answer ends as it stands — and the done event says it is incomplete."""
     async with Upstream(faults=FaultPlan("reset@20"), instruct="shorter") as up:
-        text, _events, done = await collect(
-            streamres.stream_resilient(
-                USER,
-                model="m",
-                base_url=up.openai_url,
-                api_key="k",
-                continuation="instruct",
-                backoff=FAST,
-            )
-        )
+        text, _events, done = await collect(_instruct(up))
         full = up.answer(USER)
     assert text and full.startswith(text) and text != full
     assert not ends_a_sentence(text)
@@ -164,16 +162,7 @@ async def test_the_quoting_wording_recovers_a_continuation_that_stopped_at_the_s
     """The plain wording gets a short restart; asked again quoting the partial's last words,
     the model continues: the answer is whole, and joined by de-duplication."""
     async with Upstream(faults=FaultPlan("reset@20"), instruct="quoted") as up:
-        text, events, done = await collect(
-            streamres.stream_resilient(
-                USER,
-                model="m",
-                base_url=up.openai_url,
-                api_key="k",
-                continuation="instruct",
-                backoff=FAST,
-            )
-        )
+        text, events, done = await collect(_instruct(up))
         assert text == up.answer(USER)
     assert done.complete and done.join == "deduplicated"
     assert [e.reason for e in events if e.type == "resume"] == ["connection", "ended_at_seam"]

@@ -24,7 +24,12 @@ import httpx
 import pytest
 
 import streamres
-from streamres._apps.continuation_bench import cutting_proxy, raw_stream, serve_gguf
+from streamres._apps.continuation_bench import (
+    cutting_proxy,
+    raw_stream,
+    request_body,
+    serve_gguf,
+)
 
 pytestmark = [
     pytest.mark.anyio,
@@ -93,14 +98,7 @@ def smol() -> Iterator[str]:
 
 
 async def _reference(url: str, prompt: str) -> tuple[str, int, str | None]:
-    body = {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": prompt}],
-        "stream": True,
-        "temperature": 0,
-        "seed": 42,
-        "max_tokens": BUDGET,
-    }
+    body = request_body([{"role": "user", "content": prompt}], BUDGET)
     async with httpx.AsyncClient(timeout=900) as http:
         return await raw_stream(http, url, body)
 
@@ -174,14 +172,7 @@ async def test_an_answer_cut_short_by_its_budget_ends_where_the_uncut_one_does(
     """With a budget the answer runs into, the resumed request asks for exactly what the
     model has left, in its own tokens (llama-server sends one per event): the resumed answer
     ends at the same token as the uncut one."""
-    body = {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": prompt}],
-        "stream": True,
-        "temperature": 0,
-        "seed": 42,
-        "max_tokens": 48,
-    }
+    body = request_body([{"role": "user", "content": prompt}], 48)
     async with httpx.AsyncClient(timeout=900) as http:
         reference, size, finish = await raw_stream(http, smol, body)
     assert finish == "length"

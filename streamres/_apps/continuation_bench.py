@@ -42,7 +42,16 @@ import httpx
 import streamres
 from streamres._core.continuation import instruction
 
-__all__ = ["PROMPTS", "cutting_proxy", "judge", "launch", "longest_common", "main", "serve_gguf"]
+__all__ = [
+    "PROMPTS",
+    "cutting_proxy",
+    "judge",
+    "launch",
+    "longest_common",
+    "main",
+    "request_body",
+    "serve_gguf",
+]
 
 #: Explanations, lists, code, short facts; five in Chinese (the source document's readers).
 PROMPTS: tuple[str, ...] = (
@@ -170,7 +179,8 @@ async def cutting_proxy(target: str, cut_after: int | None) -> AsyncIterator[str
             tg.cancel_scope.cancel()
 
 
-def _body(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
+def request_body(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """A streamed chat request to the served model, greedy with a fixed seed."""
     return {
         "model": MODEL,
         "messages": messages,
@@ -297,17 +307,17 @@ async def _baseline(
 ) -> tuple[str, str, float | None]:
     """The restart and naive baselines: (partial, text shown, seconds to new text)."""
     asked = [{"role": "user", "content": prompt}]
-    partial, _, _ = await raw_stream(http, base, _body(asked, max_tokens))
+    partial, _, _ = await raw_stream(http, base, request_body(asked, max_tokens))
     started = time.monotonic()
     if how == "restart":
-        again, _, _ = await raw_stream(http, url, _body(asked, max_tokens))
+        again, _, _ = await raw_stream(http, url, request_body(asked, max_tokens))
     else:
         messages = [
             *asked,
             {"role": "assistant", "content": partial},
             {"role": "user", "content": streamres.CONTINUE_INSTRUCTION},
         ]
-        again, _, _ = await raw_stream(http, url, _body(messages, max_tokens))
+        again, _, _ = await raw_stream(http, url, request_body(messages, max_tokens))
     return partial, partial + again, time.monotonic() - started
 
 
@@ -332,7 +342,9 @@ async def run(
         for n, prompt in enumerate(prompts, 1):
             asked = [{"role": "user", "content": prompt}]
             for _ in range(3):  # a reference that failed (a timeout on a busy machine): again
-                reference, size, finish = await raw_stream(http, url, _body(asked, max_tokens))
+                reference, size, finish = await raw_stream(
+                    http, url, request_body(asked, max_tokens)
+                )
                 if reference and finish:
                     break
             else:
@@ -363,7 +375,7 @@ async def run(
                                 {"role": "assistant", "content": partial},
                                 {"role": "user", "content": instruction(partial, wording)},
                             ]
-                            reply, _, _ = await raw_stream(http, url, _body(messages, 48))
+                            reply, _, _ = await raw_stream(http, url, request_body(messages, 48))
                             kind = _kind_of_reply(reference, partial, reply)
                             wordings[name][kind] = wordings[name].get(kind, 0) + 1
             if progress:

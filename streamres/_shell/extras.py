@@ -24,8 +24,6 @@ EXTRAS: Final[dict[str, tuple[str, str]]] = {
     "coredis": ("shared", "coredis"),
     "wordllama": ("semantic", "wordllama"),
     "prometheus_client": ("prometheus", "prometheus-client"),
-    "trio": ("trio", "trio"),
-    "httpx_sse": ("bench", "httpx-sse"),
 }
 
 

@@ -22,18 +22,17 @@ Writes ``chat-*.sse`` here and their entries in ``../SOURCES.json`` (replayed by
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+from streamres._apps.continuation_bench import launch  # also the llama-cpp-python recorder's
 
 HERE = Path(__file__).parent
 SOURCES = HERE.parent / "SOURCES.json"
@@ -170,27 +169,6 @@ def make_model(vocab: Path, out: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def launch(argv_at: Callable[[int], list[str]], ready: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A server started with ``argv_at(port)`` on a free loopback port, once ``GET ready``
-    answers 200 (within a minute)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = argv_at(port)
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}{ready}", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{Path(argv[0]).name} did not become ready")
 
 
 def serve(
