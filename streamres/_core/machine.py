@@ -149,6 +149,8 @@ class Acquire:
 
     route: Route
     until: float
+    #: The answer's lane (``_core/lanes``): higher priorities get a free slot first.
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -736,7 +738,7 @@ class Answer:
         at = self._attempt()
         at.ticket = False  # the turn came: the ticket is used
         if self.slots is not None:
-            return Acquire(at.route, self.t_end)
+            return Acquire(at.route, self.t_end, self.opts.priority)
         return self._request(now)
 
     def _request(self, now: float) -> Action:

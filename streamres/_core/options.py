@@ -15,6 +15,7 @@ from typing import Any
 from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
 from streamres._core.errors import InvalidRequest
+from streamres._core.lanes import NORMAL, check_priority
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT
 from streamres._fleet.balance import RetryBudget
@@ -64,6 +65,8 @@ class Options:
     extra_body: dict[str, Any]
     rng: random.Random = field(default_factory=random.Random)
     read_limits: ReadLimits = field(default_factory=ReadLimits)
+    #: Its lane when slots are full (``_core/lanes``): higher goes first.
+    priority: int = 0
 
 
 def resolve_route(route: Route) -> Route:
@@ -187,6 +190,7 @@ def check_options(
     rng: Any,
     read_limits: Any = None,
     first_token_timeout: Any = FIRST_OUTPUT,
+    priority: Any = NORMAL,
 ) -> Options:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise _bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -233,7 +237,15 @@ def check_options(
         extra_body=check_more(more),
         rng=rng or random.Random(),
         read_limits=read_limits or ReadLimits(),
+        priority=_priority(priority),
     )
+
+
+def _priority(value: Any) -> int:
+    try:
+        return check_priority(value)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
 
 
 def single_call_routes(

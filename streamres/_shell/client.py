@@ -21,6 +21,7 @@ from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
 from streamres._core.cache import Cache, CacheStats, cache_key
 from streamres._core.errors import InvalidRequest
+from streamres._core.lanes import NORMAL
 from streamres._core.options import check_client_routes, check_options
 from streamres._core.semantic import split_question
 from streamres._core.stall import FIRST_OUTPUT
@@ -217,13 +218,18 @@ class Client:
         max_attempts: int | None = None,
         headers: Mapping[str, str] | None = None,
         cache_scope: str | None = None,
+        priority: int | str = NORMAL,
         **more: Any,
     ) -> ResilientStream:
         """Stream one answer. ``model``: a route name (then its fallbacks, unless
         ``fallback=False``), an explicit sequence of route names, or ``None`` to pick by
         weight. ``cache_scope``: with ``cache=``, answers are shared (cached, single-flight,
         semantic) only between requests of the same scope — a tenant, a team, a user; the
-        proxy scopes by client key. Other arguments as for :func:`stream_resilient`."""
+        proxy scopes by client key. ``priority``: the answer's lane when its route's or
+        account's slots are full — an integer, higher first, or ``"high"`` (10), ``"normal"``
+        (0, the default), ``"low"`` (-10); a free slot goes to the highest waiting lane, first
+        come first served within one, across processes too with ``shared=``. Other arguments
+        as for :func:`stream_resilient`."""
         if self._http is None or self._limits is None:
             raise InvalidRequest(
                 "use the client inside `async with Client(...) as client:`", reason="invalid"
@@ -262,6 +268,7 @@ class Client:
             more=more,
             rng=self._rng,
             read_limits=self._read_limits,
+            priority=priority,
         )
         http, limits = self._http, self._limits
         if self._flights is None:

@@ -2,8 +2,9 @@
 quota of 5 go from under 50 % to over 95 % success once bounded). I/O shell: anyio semaphores.
 
 A request needs a slot on its route (``Route.max_in_flight``) and on its account
-(``account_limits[route.account or route.base_url]``); the rest wait their turn, in order,
-within their deadline, instead of hitting the server.
+(``account_limits[route.account or route.base_url]``); the rest wait their turn within their
+deadline, instead of hitting the server. The turn is a priority lane's (``_core/lanes``): a slot
+given back goes to the highest-priority waiter, first come first served within a lane.
 """
 
 from __future__ import annotations
@@ -11,20 +12,56 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import anyio
+import anyio.lowlevel
 
+from streamres._core.lanes import NORMAL, Line
 from streamres._fleet.routes import Route
 
-__all__ = ["Limits"]
+__all__ = ["Limits", "Slots"]
 
 
 def account_of(route: Route) -> str:
     return route.account or route.base_url or ""
 
 
+class Slots:
+    """``n`` slots and a priority line of the requests waiting for one: a slot given back is
+    handed to the first waiter (no request arriving later can take it in between)."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self.line: Line[anyio.Event] = Line()
+
+    @property
+    def waiting(self) -> int:
+        return len(self.line)
+
+    async def acquire(self, priority: int = NORMAL) -> None:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self.free > 0 and not self.line:
+            self.free -= 1
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+            return
+        ticket = self.line.push(anyio.Event(), priority)
+        try:
+            await ticket.item.wait()
+        except BaseException:
+            if not self.line.remove(ticket):  # served as it was cancelled: hand the slot on
+                self.release()
+            raise
+
+    def release(self) -> None:
+        ticket = self.line.pop()
+        if ticket is None:
+            self.free += 1
+        else:
+            ticket.item.set()
+
+
 class Limits:
     def __init__(self, routes: Sequence[Route], account_limits: Mapping[str, int]) -> None:
-        self._routes = {r.key: anyio.Semaphore(r.max_in_flight) for r in routes if r.max_in_flight}
-        self._accounts = {name: anyio.Semaphore(n) for name, n in account_limits.items()}
+        self._routes = {r.key: Slots(r.max_in_flight) for r in routes if r.max_in_flight}
+        self._accounts = {name: Slots(n) for name, n in account_limits.items()}
         self._changed = anyio.Event()
 
     def notify(self) -> None:
@@ -38,17 +75,22 @@ class Limits:
         with anyio.move_on_after(seconds):
             await event.wait()
 
-    def _semaphores(self, route: Route) -> list[anyio.Semaphore]:
+    def _semaphores(self, route: Route) -> list[Slots]:
         found = [self._accounts.get(account_of(route)), self._routes.get(route.key)]
         return [s for s in found if s is not None]
 
-    async def acquire(self, route: Route, seconds: float) -> bool:
-        """Wait (at most ``seconds``) for a slot on the route and its account."""
-        taken: list[anyio.Semaphore] = []
+    def waiting(self, route: Route) -> int:
+        """Requests of this process waiting for a slot the route needs."""
+        return max((s.waiting for s in self._semaphores(route)), default=0)
+
+    async def acquire(self, route: Route, seconds: float, priority: int = NORMAL) -> bool:
+        """Wait (at most ``seconds``) for a slot on the route and its account, in the lane of
+        ``priority``."""
+        taken: list[Slots] = []
         try:
             with anyio.move_on_after(seconds):
                 for sem in self._semaphores(route):
-                    await sem.acquire()
+                    await sem.acquire(priority)
                     taken.append(sem)
                 return True
         except BaseException:  # cancelled while waiting: give back what was taken

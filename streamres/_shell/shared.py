@@ -8,7 +8,9 @@ key prefix (``shared_prefix``, default ``"streamres"``: one prefix per fleet) sh
   expires, by Redis's own clock), taken by one Lua script that drops expired leases and checks
   every limit the request is under at once — never a read-modify-write race. Leases held by a
   long answer are extended while it runs; a crashed process's leases expire (30 s), freeing its
-  slots. A release is published, so waiting processes try again at once;
+  slots. A release is published, so waiting processes try again at once. Waiters stand in a
+  line per set, ranked by priority lane and then arrival (``_core/lanes``): a free slot goes
+  to the first of them, whichever process it is in;
 - **breaker openings and Retry-After cool-downs** — when a model's breaker opens (or a server
   says when to come back), the process publishes until when the model is refused; every other
   process applies it as it arrives (one Redis round trip later), and a process that starts
@@ -51,6 +53,7 @@ from typing import Any
 
 import anyio
 
+from streamres._core.lanes import NORMAL
 from streamres._core.redact import redact_url
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
@@ -63,19 +66,62 @@ __all__ = ["SharedState", "SharedStatus"]
 #: Seconds a slot's lease lasts unless extended (a crashed process frees its slots after this).
 LEASE = 30.0
 
+#: A slot on every key, or a place in their waiting lines. KEYS: the slot sets; ARGV[1] the
+#: lease id, [2] its ms, [3] the priority, [4] ms a waiter's place lasts unless renewed, [5...]
+#: the limits. Each set ``K`` has a line ``K:line`` (score: minus the priority times 1e13, plus
+#: the ms of arrival: higher lanes first, then first come) and ``K:alive`` (score: when the
+#: waiter's place lapses: a crashed process's waiters drop out). A slot is taken only when
+#: there are more free slots than waiters ahead; else the waiter keeps (or takes) its place.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease, rank = ARGV[1], -tonumber(ARGV[3]) * 1e13 + now
+local ok = true
 for i, key in ipairs(KEYS) do
+  local line, alive = key .. ':line', key .. ':alive'
+  local gone = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
+  for _, id in ipairs(gone) do
+    redis.call('ZREM', line, id)
+    redis.call('ZREM', alive, id)
+  end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  if redis.call('ZCARD', key) >= tonumber(ARGV[2 + i]) then return 0 end
+  local mine = redis.call('ZSCORE', line, lease)
+  if mine then rank = math.min(rank, tonumber(mine)) end
+  local ahead = redis.call('ZCOUNT', line, '-inf', '(' .. string.format('%.17g', rank))
+  if tonumber(ARGV[4 + i]) - redis.call('ZCARD', key) <= ahead then ok = false end
 end
 for i, key in ipairs(KEYS) do
-  redis.call('ZADD', key, now + tonumber(ARGV[2]), ARGV[1])
-  redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
+  local line, alive = key .. ':line', key .. ':alive'
+  if ok then
+    redis.call('ZADD', key, now + tonumber(ARGV[2]), lease)
+    redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
+    redis.call('ZREM', line, lease)
+    redis.call('ZREM', alive, lease)
+  else
+    redis.call('ZADD', line, rank, lease)
+    redis.call('ZADD', alive, now + tonumber(ARGV[4]), lease)
+    redis.call('PEXPIRE', line, tonumber(ARGV[2]) * 2)
+    redis.call('PEXPIRE', alive, tonumber(ARGV[2]) * 2)
+  end
 end
+if ok then return 1 end
+return 0
+"""
+
+#: A waiter that gave up (its deadline, or cancelled) leaves the lines; the next one may be
+#: able to go now, so it is told.
+_LEAVE = """
+for i, key in ipairs(KEYS) do
+  redis.call('ZREM', key .. ':line', ARGV[1])
+  redis.call('ZREM', key .. ':alive', ARGV[1])
+end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
+
+#: ms a waiter's place in a shared line lasts unless renewed (waiters renew it every half
+#: second, and at every release).
+WAITER = 3000
 
 _EXTEND = """
 local t = redis.call('TIME')
@@ -299,6 +345,7 @@ class SharedState(Limits):
                 ("acquire", _ACQUIRE),
                 ("extend", _EXTEND),
                 ("release", _RELEASE),
+                ("leave", _LEAVE),
                 ("share", _SHARE),
                 ("claim", _CLAIM),
                 ("unclaim", _UNCLAIM),
@@ -408,32 +455,41 @@ class SharedState(Limits):
             limits.append(self._account_limits[account])
         return keys, limits
 
-    async def acquire(self, route: Route, seconds: float) -> bool:
+    async def acquire(self, route: Route, seconds: float, priority: int = NORMAL) -> bool:
         keys, limits = self._keys(route)
         held = self._held.setdefault(route.key, [])
         if not keys:
             held.append(None)
             return True
         lease = uuid.uuid4().hex
-        with anyio.move_on_after(seconds):
-            while True:
-                if not self.connected:
-                    ok = await super().acquire(route, seconds)
-                    if ok:
-                        self.local_fallbacks += 1
-                        held.append(None)
-                    return ok
-                waiter = self._released
-                got = await self._call("acquire", keys, [lease, int(LEASE * 1000), *limits])
-                if got == 1:
-                    self._leases[lease] = keys
-                    held.append(lease)
-                    return True
-                if got is None:
-                    continue  # Redis just went away: the local limits take over
-                with anyio.move_on_after(0.5):  # a release elsewhere wakes this at once
-                    await waiter.wait()
-        return False
+        queued = False
+        try:
+            with anyio.move_on_after(seconds):
+                while True:
+                    if not self.connected:
+                        ok = await super().acquire(route, seconds, priority)
+                        if ok:
+                            self.local_fallbacks += 1
+                            held.append(None)
+                        return ok
+                    waiter = self._released
+                    got = await self._call(
+                        "acquire", keys, [lease, int(LEASE * 1000), priority, WAITER, *limits]
+                    )
+                    if got == 1:
+                        self._leases[lease] = keys
+                        held.append(lease)
+                        queued = False
+                        return True
+                    if got is None:
+                        continue  # Redis just went away: the local limits take over
+                    queued = True
+                    with anyio.move_on_after(0.5):  # a release elsewhere wakes this at once
+                        await waiter.wait()
+            return False
+        finally:
+            if queued:  # gave up waiting: out of the line, and the next waiter told
+                self._post("leave", keys, [lease, self._channel, json.dumps({"kind": "slot"})])
 
     def release(self, route: Route) -> None:
         held = self._held.get(route.key)

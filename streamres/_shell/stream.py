@@ -325,7 +325,7 @@ class _Shell:
         if isinstance(act, Acquire):
             assert self.limits is not None
             asked = now()
-            ok = await self.limits.acquire(act.route, max(0.0, act.until - asked))
+            ok = await self.limits.acquire(act.route, max(0.0, act.until - asked), act.priority)
             return m.acquired(ok, now(), queued=now() - asked)
         if isinstance(act, Load):
             name, count = await _load_counter(act.model)

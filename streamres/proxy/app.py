@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 import streamres
+from streamres._core.lanes import NORMAL, parse_priority
 from streamres._shell.extras import install_hint
 from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.config import ClientKey, Config
@@ -48,6 +49,20 @@ _APIS: dict[str, API] = {
     "/v1/responses": "responses",
 }
 MAX_BODY = 8 * 1024 * 1024
+
+
+def _priority(headers: dict[str, str], state: _ClientState | None) -> int:
+    """The request's lane: its client key's, or lower if ``x-streamres-priority`` asks (a
+    header never lifts a request above its key's lane)."""
+    ceiling = state.key.priority if state is not None else NORMAL
+    asked = headers.get("x-streamres-priority")
+    if asked is None:
+        return ceiling
+    try:
+        wanted = parse_priority(asked)
+    except ValueError as exc:
+        raise _Refused(400, f"x-streamres-priority: {exc}") from None
+    return wanted if state is None else min(wanted, ceiling)
 
 
 class _Refused(Exception):
@@ -123,6 +138,7 @@ class Proxy:
                         f"the model {call.model!r} does not exist here; "
                         f"GET /v1/models lists {sorted(self.config.models)}",
                     )
+                priority = _priority(headers, state)
             except (_Refused, BadRequest) as exc:
                 status = exc.status if isinstance(exc, _Refused) else 400
                 retry = exc.retry_after if isinstance(exc, _Refused) else None
@@ -134,7 +150,7 @@ class Proxy:
             writer = Writer(call, status_events=status_events)
             # Answers are shared (cache, single-flight) within a client key, never across.
             tenant = state.key.name if state is not None else None
-            await self._run(call, chain, writer, receive, send, served, tenant)
+            await self._run(call, chain, writer, receive, send, served, tenant, priority)
         finally:
             if state is not None:
                 state.in_flight -= 1
@@ -178,10 +194,12 @@ class Proxy:
         send: Send,
         served: list[Any],
         tenant: str | None,
+        priority: int,
     ) -> None:
         """Stream (or collect) the answer; ``served[2]``: the HTTP status sent; ``tenant``: the
-        client key whose answers it may share."""
+        client key whose answers it may share; ``priority``: its lane for slots."""
         kwargs: dict[str, Any] = dict(call.params)
+        kwargs["priority"] = priority
         if call.max_tokens is not None:
             kwargs["max_tokens"] = call.max_tokens
         async with anyio.create_task_group() as tg:

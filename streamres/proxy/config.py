@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import streamres
+from streamres._core.lanes import NORMAL, parse_priority
 from streamres._shell.extras import install_hint, installed
 
 __all__ = ["ClientKey", "Config", "ConfigError", "load"]
@@ -67,6 +68,9 @@ class ClientKey:
     key: str
     max_in_flight: int | None = None
     requests_per_minute: int | None = None
+    #: The key's lane when slots are full (``priority = "high"``, ``"low"`` or an integer); a
+    #: request may ask for a lower one with ``x-streamres-priority``, never a higher one.
+    priority: int = NORMAL
 
 
 @dataclass
@@ -152,12 +156,17 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         key = environ.get(str(c["key_env"]))
         if not key:
             raise ConfigError(f"clients[{i}]: the environment variable {c['key_env']} is empty")
+        try:
+            priority = parse_priority(str(c.get("priority", NORMAL)))
+        except ValueError as exc:
+            raise ConfigError(f"clients[{i}].priority: {exc}") from None
         clients.append(
             ClientKey(
                 name=str(c.get("name", f"client{i}")),
                 key=key,
                 max_in_flight=c.get("max_in_flight"),
                 requests_per_minute=c.get("requests_per_minute"),
+                priority=priority,
             )
         )
     accounts = raw.get("accounts") or {}
