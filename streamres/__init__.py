@@ -42,6 +42,7 @@ from streamres._core.semantic import Semantic
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
+from streamres._shell.batch import BatchProgress, BatchSummary, run_batch
 from streamres._shell.client import Client
 from streamres._shell.shared import SharedStatus
 from streamres._shell.stream import ResilientStream, stream_resilient
@@ -51,6 +52,8 @@ __all__ = [
     "Attempt",
     "AttemptsExhausted",
     "Backoff",
+    "BatchProgress",
+    "BatchSummary",
     "Cache",
     "CacheStats",
     "Client",
@@ -79,6 +82,7 @@ __all__ = [
     "ToolCallEvent",
     "UpstreamUnreachable",
     "Usage",
+    "run_batch",
     "stream_resilient",
 ]
 

@@ -11,6 +11,8 @@ PUBLIC = {
     "Attempt",
     "AttemptsExhausted",
     "Backoff",
+    "BatchProgress",
+    "BatchSummary",
     "Cache",
     "CacheStats",
     "Client",
@@ -39,6 +41,7 @@ PUBLIC = {
     "ToolCallEvent",
     "UpstreamUnreachable",
     "Usage",
+    "run_batch",
     "stream_resilient",
 }
 

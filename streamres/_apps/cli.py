@@ -172,6 +172,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "proxy", help="an OpenAI/Anthropic-compatible resilient endpoint", add_help=False
     )
+    sub.add_parser(
+        "batch",
+        help="answer a JSON Lines file of requests, at low priority, resumable "
+        "(`streamres batch --help`)",
+        add_help=False,
+    )
 
     ask = sub.add_parser(
         "ask",
@@ -337,6 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return chat.main(argv[1:], configure=lambda: _configure_logs(False))
     if argv[:1] == ["proxy"]:
         return _proxy(argv[1:])
+    if argv[:1] == ["batch"]:
+        from streamres._apps import batch_cli
+
+        return batch_cli.main(argv[1:], configure=lambda: _configure_logs(False))
     parser = _parser()
     args = parser.parse_args(argv)
     _configure_logs(args.verbose)

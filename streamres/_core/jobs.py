@@ -1,0 +1,184 @@
+"""Batch work, the pure part: request lines in, result records out, and when to send. Pure.
+
+Theory of operation. A batch is a JSON Lines file of requests. Each line is one request,
+either streamres's own shape::
+
+    {"id": "q1", "messages": [...], "model": "gpt-4o", "max_tokens": 200, "temperature": 0}
+
+(``prompt`` may stand for one user message), or a line of an OpenAI Batch API file::
+
+    {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+
+:func:`parse_jobs` turns the lines into :class:`Job`\\ s and the lines it cannot use into
+:class:`BadLine`\\ s (with their numbers), so one bad line never stops the rest. Results are
+appended one record per finished answer (:func:`record`); :func:`finished` reads a results
+file back — the ids answered, the last record of each winning — so a run that was killed, or
+stopped with Ctrl-C, and started again sends only what is missing. A torn last line (the
+process died while writing it) is not a record: its request runs again.
+
+When to send (``--when``): ``healthy`` sends new work only while a model the job may use is
+not jammed, and the :class:`Pace` halves the batch's concurrency when answers meet capacity
+errors (at least one keeps going) and wins one slot back per clean answer — the whole batch
+backs off instead of retrying into a jam. ``always`` sends as fast as the limits allow. A
+:class:`Window` (``22:00-08:00``) holds new work outside the given hours of the local clock.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BadLine", "Job", "Pace", "Window", "finished", "parse_jobs", "record"]
+
+#: Body fields that are not sent as request parameters (they are the job's own).
+_OWN = {"messages", "model", "prompt", "stream", "stream_options", "n"}
+_OPENAI_BATCH_URLS = {"/v1/chat/completions", "/chat/completions"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request of a batch: its id, where it came from, what to ask and how."""
+
+    id: str
+    line: int
+    messages: list[dict[str, Any]]
+    model: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line that is not a request, and why."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+def _job(obj: Any, n: int) -> Job:
+    if not isinstance(obj, dict):
+        raise ValueError(f"a request is a JSON object, not {type(obj).__name__}")
+    raw_id = obj.get("custom_id", obj.get("id"))
+    if "body" in obj:  # an OpenAI Batch API line
+        url = obj.get("url", "/v1/chat/completions")
+        if url not in _OPENAI_BATCH_URLS:
+            raise ValueError(f"url {url!r}: only chat completions can be streamed")
+        body = obj["body"]
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object (the request's body)")
+    else:
+        body = {k: v for k, v in obj.items() if k not in ("id", "custom_id")}
+    if raw_id is None:
+        raw_id = f"line-{n}"
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or raw_id == "":
+        raise ValueError(f"id must be a non-empty string or an integer, not {raw_id!r:.40}")
+    messages = body.get("messages")
+    if messages is None and isinstance(body.get("prompt"), str):
+        messages = [{"role": "user", "content": body["prompt"]}]
+    if not isinstance(messages, list) or not messages:
+        raise ValueError('needs "messages" (a non-empty list) or "prompt" (a string)')
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"model must be a string, not {model!r:.40}")
+    params = {k: v for k, v in body.items() if k not in _OWN}
+    return Job(str(raw_id), n, messages, model, params)
+
+
+def parse_jobs(lines: Iterable[str]) -> tuple[list[Job], list[BadLine]]:
+    """The requests of a JSON Lines batch, and the lines that are not (blank lines skip)."""
+    jobs: list[Job] = []
+    bad: list[BadLine] = []
+    seen: dict[str, int] = {}
+    for n, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            job = _job(json.loads(text), n)
+        except ValueError as exc:  # json.JSONDecodeError included
+            message = str(exc) if not isinstance(exc, json.JSONDecodeError) else f"not JSON ({exc})"
+            bad.append(BadLine(n, message))
+            continue
+        if job.id in seen:
+            bad.append(BadLine(n, f"id {job.id!r} is already used on line {seen[job.id]}"))
+            continue
+        seen[job.id] = n
+        jobs.append(job)
+    return jobs, bad
+
+
+def record(job: Job, result: Mapping[str, Any]) -> str:
+    """One result line: the job's id, then what came of it (``ok`` first), as JSON."""
+    return json.dumps({"id": job.id, **result}, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def finished(lines: Iterable[str]) -> tuple[dict[str, dict[str, Any]], int]:
+    """The records of a results file by id (the last of an id wins), and how many lines were
+    not records (a torn last line)."""
+    records: dict[str, dict[str, Any]] = {}
+    torn = 0
+    for text in lines:
+        if not text.strip():
+            continue
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            torn += 1
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("id"), str):
+            records[rec["id"]] = rec
+        else:
+            torn += 1
+    return records, torn
+
+
+_WINDOW = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Hours of the local clock when new work may start: ``start`` to ``end`` in minutes of
+    the day; ``end`` before ``start`` crosses midnight (``22:00-08:00``)."""
+
+    start: int
+    end: int
+
+    @classmethod
+    def parse(cls, text: str) -> Window:
+        m = _WINDOW.match(text)
+        if m is None:
+            raise ValueError(f"a window is HH:MM-HH:MM (such as 22:00-08:00), not {text!r}")
+        h1, m1, h2, m2 = (int(g) for g in m.groups())
+        if h1 > 23 or h2 > 24 or m1 > 59 or m2 > 59 or (h2 == 24 and m2):
+            raise ValueError(f"{text!r}: hours go 00-23 (24:00 ends a day), minutes 00-59")
+        start, end = h1 * 60 + m1, h2 * 60 + m2
+        if start == end % 1440:
+            raise ValueError(f"{text!r} is empty: start and end are the same time")
+        return cls(start, end)
+
+    def wait(self, minute: float) -> float:
+        """Minutes from ``minute`` of the day until the window is open (0: open now)."""
+        start, end = self.start, self.end
+        inside = start <= minute < end if start < end else (minute >= start or minute < end)
+        if inside:
+            return 0.0
+        return (start - minute) % 1440
+
+
+class Pace:
+    """How many of the batch's answers may be in flight: halved when answers meet capacity
+    errors (never below one), one more per clean answer, up to ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.allowed = limit
+
+    def answered(self, capacity_errors: int) -> None:
+        if capacity_errors:
+            self.allowed = max(1, self.allowed // 2)
+        else:
+            self.allowed = min(self.limit, self.allowed + 1)

@@ -1,0 +1,395 @@
+"""Run a batch of requests through a :class:`~streamres.Client`: low priority, paced, resumable.
+I/O shell (the rules are ``_core/jobs``): reads the requests, appends one result line per
+finished answer, and waits — for a slot, for health, for the window — with anyio.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import anyio
+
+from streamres._core.errors import InvalidRequest, StreamError
+from streamres._core.events import DoneEvent
+from streamres._core.jobs import BadLine, Job, Pace, Window, finished, parse_jobs, record
+from streamres._core.lanes import LOW, check_priority
+from streamres._shell.client import Client
+from streamres._shell.limits import account_of
+
+__all__ = ["BatchProgress", "BatchSummary", "run_batch"]
+
+_CAPACITY = frozenset({"capacity", "rate_limit"})
+#: Seconds between two looks at the fleet's health while the batch is paused.
+_RECHECK = 1.0
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    """Where a batch stands (``on_progress`` gets one at every change)."""
+
+    total: int
+    done: int
+    failed: int
+    #: Answered by an earlier run (read from the results file), not sent again.
+    skipped: int
+    in_flight: int
+    #: Not started yet.
+    waiting: int
+    tokens: int
+    elapsed: float
+    #: Why no new work starts now ("" when it does): a jammed model, the window, capacity.
+    paused: str = ""
+    #: The record just written, if this change is an answer.
+    last: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """What a batch run did. ``failures``: (id, line, message) of every request that failed,
+    bad lines included."""
+
+    total: int
+    answered: int
+    failed: int
+    skipped: int
+    attempts: int
+    retries: int
+    resumes: int
+    fallbacks: int
+    input_tokens: int
+    output_tokens: int
+    wall: float
+    bad_lines: tuple[BadLine, ...] = ()
+    failures: tuple[tuple[str, int, str], ...] = ()
+
+    @property
+    def success_rate(self) -> float:
+        """Answered over everything this run tried (skipped ones excluded)."""
+        tried = self.answered + self.failed
+        return self.answered / tried if tried else 1.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.bad_lines
+
+
+@dataclass
+class _Run:
+    pace: Pace
+    total: int
+    skipped: int
+    started: float
+    done: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    tokens: int = 0
+    attempts: int = 0
+    retries: int = 0
+    resumes: int = 0
+    fallbacks: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    paused: str = ""
+    failures: list[tuple[str, int, str]] = field(default_factory=list)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+def _read_lines(source: str | os.PathLike[str] | Iterable[str]) -> list[str]:
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            with open(source, encoding="utf-8") as f:
+                return f.read().splitlines()
+        except OSError as exc:
+            raise InvalidRequest(
+                f"cannot read the requests {os.fspath(source)!r}: {exc.strerror or exc}",
+                reason="invalid",
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(
+                f"the requests {os.fspath(source)!r} are not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start})",
+                reason="invalid",
+            ) from None
+    return list(source)
+
+
+def _previous(path: str) -> tuple[dict[str, dict[str, Any]], bool]:
+    """The records an earlier run left, and whether the file ends mid-line (torn)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return {}, False
+    except OSError as exc:
+        raise InvalidRequest(
+            f"cannot read the results {path!r}: {exc.strerror or exc}", reason="invalid"
+        ) from None
+    records, _ = finished(data.decode("utf-8", "replace").splitlines())
+    return records, bool(data) and not data.endswith(b"\n")
+
+
+def _default_concurrency(client: Client) -> int:
+    """As many as the routes' limits let through at once, or 8 without limits."""
+    accounts = client._account_limits
+    slots = sum(accounts.values()) + sum(
+        r.max_in_flight or 0 for r in client.routes if account_of(r) not in accounts
+    )
+    return slots or 8
+
+
+def _chain(client: Client, job: Job, models: Mapping[str, Sequence[str]]) -> list[str]:
+    """The route names a job may use (for the health check): its model's chain, or all."""
+    if job.model is None:
+        return [r.key for r in client.routes]
+    names = list(models.get(job.model, [job.model]))
+    fleet = client.fleet
+    found = [i for n in names if (i := fleet.by_key.get(n)) is not None]
+    if not found:
+        return names
+    chain = fleet.chain(names if len(names) > 1 else names[0], fallback=True, rand=0.0)
+    return [fleet.routes[i].key for i in chain]
+
+
+def _jammed(client: Client, names: list[str]) -> str:
+    health = client.health()
+    known = [n for n in names if n in health]
+    if known and all(health[n].status == "jammed" for n in known):
+        reasons = health[known[0]].reasons
+        return f"{', '.join(known)} jammed" + (f" ({reasons[0]})" if reasons else "")
+    return ""
+
+
+async def run_batch(
+    client: Client,
+    requests: str | os.PathLike[str] | Iterable[str],
+    results: str | os.PathLike[str],
+    *,
+    concurrency: int | None = None,
+    priority: int | str = LOW,
+    when: Literal["healthy", "always"] = "healthy",
+    window: str | Window | None = None,
+    models: Mapping[str, Sequence[str]] | None = None,
+    model: str | None = None,
+    deadline: float | None = None,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> BatchSummary:
+    """Answer every request of ``requests`` (a JSON Lines file, or its lines) through
+    ``client`` and append one result line per answer to ``results``, as each finishes.
+
+    Run it again after a crash or Ctrl-C and it sends only the requests without an answer in
+    ``results`` (failed ones are tried again). Answers go at ``priority`` (``"low"`` by
+    default: a person's request through the same client, or another process sharing its
+    state, takes a free slot first), at most ``concurrency`` at once (default: what the
+    routes' limits allow), and with ``when="healthy"`` only while a model each request may
+    use is not jammed, halving the pace when answers meet capacity errors. ``window``
+    (``"22:00-08:00"``, local time) holds new work outside those hours. ``models`` maps the
+    requests' model names to route names (aliases); ``model`` is the model of the lines that
+    name none (default: the client picks by weight, so the answering model may differ from
+    run to run). Bad lines are reported in the summary with their numbers; the rest run.
+    """
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise InvalidRequest(
+            f"concurrency must be a positive integer, not {concurrency!r}", reason="invalid"
+        )
+    if when not in ("healthy", "always"):
+        raise InvalidRequest(f"when must be 'healthy' or 'always', not {when!r}", reason="invalid")
+    try:
+        lane = check_priority(priority)
+        hours = Window.parse(window) if isinstance(window, str) else window
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), reason="invalid") from None
+    out = os.fspath(results)
+    # Files are read and written off the event loop (other streams share it).
+    jobs, bad = parse_jobs(await anyio.to_thread.run_sync(_read_lines, requests))
+    before, torn = await anyio.to_thread.run_sync(_previous, out)
+    todo = [
+        j if j.model or model is None else replace(j, model=model)
+        for j in jobs
+        if not before.get(j.id, {}).get("ok")
+    ]
+    aliases = dict(models or {})
+    run = _Run(
+        pace=Pace(concurrency or _default_concurrency(client)),
+        total=len(jobs),
+        skipped=len(jobs) - len(todo),
+        started=anyio.current_time(),
+    )
+
+    def progress(last: Mapping[str, Any] | None = None) -> None:
+        if on_progress is not None:
+            on_progress(
+                BatchProgress(
+                    total=run.total,
+                    done=run.done,
+                    failed=run.failed,
+                    skipped=run.skipped,
+                    in_flight=run.in_flight,
+                    waiting=run.total - run.skipped - run.done - run.failed - run.in_flight,
+                    tokens=run.tokens,
+                    elapsed=anyio.current_time() - run.started,
+                    paused=run.paused,
+                    last=last,
+                )
+            )
+
+    try:
+        sink = await anyio.open_file(out, "a", encoding="utf-8")
+    except OSError as exc:
+        raise InvalidRequest(
+            f"cannot write the results {out!r}: {exc.strerror or exc}", reason="invalid"
+        ) from None
+    async with sink:
+        if torn:  # the last run died mid-line: that line is not a record, start a new one
+            await sink.write("\n")
+
+        async def write(job: Job, result: dict[str, Any]) -> None:
+            # One write of the whole line, flushed: a crash leaves whole lines, or a torn
+            # last one that the next run sees as such.
+            with anyio.CancelScope(shield=True):
+                await sink.write(record(job, result))
+                await sink.flush()
+            progress({"id": job.id, **result})
+
+        async def answer(job: Job) -> None:
+            capacity = 0
+            try:
+                try:
+                    name = job.model
+                    chosen: Any = list(aliases[name]) if name in aliases else name
+                    stream = client.stream(
+                        job.messages,
+                        model=chosen,
+                        priority=lane,
+                        deadline=deadline,
+                        **job.params,
+                    )
+                    done: DoneEvent | None = None
+                    async with stream:
+                        async for ev in stream:
+                            if ev.type in ("retry", "resume", "fallback"):
+                                run.retries += ev.type == "retry"
+                                run.resumes += ev.type == "resume"
+                                run.fallbacks += ev.type == "fallback"
+                                capacity += ev.reason in _CAPACITY
+                            elif ev.type == "done":
+                                done = ev
+                except InvalidRequest as exc:
+                    run.failed += 1
+                    run.failures.append((job.id, job.line, str(exc)))
+                    await write(job, {"ok": False, "error": "InvalidRequest", "message": str(exc)})
+                    return
+                except StreamError as exc:
+                    run.failed += 1
+                    run.attempts += exc.attempts
+                    run.failures.append((job.id, job.line, str(exc)))
+                    await write(
+                        job,
+                        {
+                            "ok": False,
+                            "error": type(exc).__name__,
+                            "message": str(exc),
+                            "partial_text": exc.partial_text,
+                            "attempts": exc.attempts,
+                        },
+                    )
+                    return
+                assert done is not None
+                usage = done.usage
+                run.done += 1
+                run.attempts += done.attempts
+                run.tokens += usage.output_tokens or 0
+                run.input_tokens += usage.input_tokens or 0
+                run.output_tokens += usage.output_tokens or 0
+                await write(
+                    job,
+                    {
+                        "ok": True,
+                        "text": done.text,
+                        "tool_calls": [
+                            {"id": c.id, "name": c.name, "arguments": c.arguments}
+                            for c in done.tool_calls
+                        ],
+                        "finish_reason": done.finish_reason,
+                        "complete": done.complete,
+                        "model": done.model,
+                        "attempts": done.attempts,
+                        "resumes": done.resumes,
+                        "usage": {
+                            "input_tokens": usage.input_tokens,
+                            "output_tokens": usage.output_tokens,
+                            "delivered_tokens": usage.delivered_tokens,
+                        },
+                    },
+                )
+            finally:
+                run.in_flight -= 1
+                run.pace.answered(capacity)
+                run.wake()
+
+        async def gate(job: Job) -> None:
+            """Wait until this job may start: a place in the pace, the window, health."""
+            names = _chain(client, job, aliases)
+            while True:
+                reason = ""
+                if hours is not None:
+                    local = time.localtime(clock())
+                    minutes = hours.wait(local.tm_hour * 60 + local.tm_min + local.tm_sec / 60)
+                    if minutes:
+                        reason = f"outside the window (opens in {minutes:.0f} min)"
+                jammed = _jammed(client, names) if not reason and when == "healthy" else ""
+                # Every model it may use jammed: one answer at a time (the probe that finds
+                # out when health returns), never a stream of them into the jam.
+                room = 1 if jammed else run.pace.allowed
+                if not reason and run.in_flight < room:
+                    if run.paused != jammed:
+                        run.paused = jammed
+                        progress()
+                    return
+                reason = reason or jammed
+                if reason != run.paused:
+                    run.paused = reason
+                    progress()
+                waiter = run.changed
+                with anyio.move_on_after(_RECHECK if reason else 60.0):
+                    await waiter.wait()
+
+        progress()
+        async with anyio.create_task_group() as tg:
+            for job in todo:
+                await gate(job)
+                run.in_flight += 1
+                tg.start_soon(answer, job)
+                progress()
+    return BatchSummary(
+        total=run.total,
+        answered=run.done,
+        failed=run.failed,
+        skipped=run.skipped,
+        attempts=run.attempts,
+        retries=run.retries,
+        resumes=run.resumes,
+        fallbacks=run.fallbacks,
+        input_tokens=run.input_tokens,
+        output_tokens=run.output_tokens,
+        wall=anyio.current_time() - run.started,
+        bad_lines=tuple(bad),
+        failures=tuple(_in_line_order(run.failures, bad)),
+    )
+
+
+def _in_line_order(
+    failures: list[tuple[str, int, str]], bad: list[BadLine]
+) -> list[tuple[str, int, str]]:
+    """Every failure in line order: the bad lines (no id) and the failed requests."""
+    return sorted([*failures, *(("", b.line, b.message) for b in bad)], key=lambda f: f[1])

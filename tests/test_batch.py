@@ -1,0 +1,310 @@
+"""Batch work: ``streamres.run_batch`` and ``streamres batch`` — request lines in, one result
+line per answer out, resumable after a crash, low priority, paused while its models are jammed."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import streamres
+from streamres._core.jobs import Pace, Window, finished, parse_jobs
+from streamres.upstream import FaultPlan, ModelSpec, Upstream
+
+pytestmark = pytest.mark.anyio
+
+
+def _q(i: int) -> str:
+    return f"Question {i}: explain TCP slow start."
+
+
+def _lines(n: int) -> list[str]:
+    return [json.dumps({"id": f"q{i}", "prompt": _q(i)}) for i in range(n)]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# -- the lines ------------------------------------------------------------------------------
+
+
+def test_request_lines_in_both_shapes_and_bad_ones_with_their_numbers() -> None:
+    lines = [
+        json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
+        "",
+        json.dumps({"prompt": "no id", "model": "m", "temperature": 0, "stream": True}),
+        "{not json",
+        json.dumps(["a", "list"]),
+        json.dumps({"id": "a", "prompt": "again"}),
+        json.dumps({"id": "b"}),
+        json.dumps(
+            {
+                "custom_id": "oa",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 1},
+            }
+        ),
+        json.dumps({"custom_id": "emb", "url": "/v1/embeddings", "body": {"input": "x"}}),
+        json.dumps({"id": True, "prompt": "x"}),
+    ]
+    jobs, bad = parse_jobs(lines)
+    assert [(j.id, j.line, j.model, j.params) for j in jobs] == [
+        ("a", 1, None, {"max_tokens": 5}),
+        ("line-3", 3, "m", {"temperature": 0}),
+        ("oa", 8, "m", {"seed": 1}),
+    ]
+    assert jobs[1].messages == [{"role": "user", "content": "no id"}]
+    expected = [
+        (4, "not JSON"),
+        (5, "a request is a JSON object, not list"),
+        (6, "id 'a' is already used on line 1"),
+        (7, 'needs "messages" (a non-empty list) or "prompt" (a string)'),
+        (9, "url '/v1/embeddings'"),
+        (10, "id must be a non-empty string or an integer, not True"),
+    ]
+    assert [b.line for b in bad] == [n for n, _ in expected]
+    assert all(b.message.startswith(m) for b, (_, m) in zip(bad, expected, strict=True)), bad
+    assert str(bad[0]).startswith("line 4: not JSON")
+
+
+def test_a_results_file_with_a_torn_last_line() -> None:
+    lines = ['{"id":"a","ok":true}', '{"id":"b","ok":false}', '{"id":"b","ok":true}', '{"id":"c"']
+    records, torn = finished(lines)
+    assert sorted(records) == ["a", "b"] and records["b"]["ok"] is True and torn == 1
+
+
+def test_windows_and_the_pace() -> None:
+    night = Window.parse("22:00-08:00")
+    assert [night.wait(m) for m in (23 * 60, 7 * 60 + 59, 8 * 60, 21 * 60)] == [0, 0, 840, 60]
+    day = Window.parse("09:30-17:00")
+    assert (day.wait(9 * 60 + 30), day.wait(17 * 60), day.wait(0)) == (0, 990, 570)
+    for bad in ("22-08", "25:00-01:00", "10:00-10:00", "10:61-11:00"):
+        with pytest.raises(ValueError, match=r"window is HH:MM|hours go|is empty"):
+            Window.parse(bad)
+    pace = Pace(8)
+    pace.answered(capacity_errors=2)
+    pace.answered(capacity_errors=1)
+    assert pace.allowed == 2
+    for _ in range(3):
+        pace.answered(capacity_errors=1)
+    assert pace.allowed == 1
+    for _ in range(20):
+        pace.answered(capacity_errors=0)
+    assert pace.allowed == 8
+
+
+# -- running it -----------------------------------------------------------------------------
+
+
+async def test_a_batch_answers_every_line_and_a_second_run_sends_nothing(tmp_path: Path) -> None:
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text(
+        "\n".join([*_lines(12), "oops", json.dumps({"id": "x", "model": "nope", "prompt": "hi"})])
+        + "\n"
+    )
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with streamres.Client([route], account_limits={"acct": 3}) as client:
+            first = await streamres.run_batch(client, requests, results)
+            sent = len(up.requests)
+            again = await streamres.run_batch(client, requests, results)
+        recs = {r["id"]: r for r in _records(results)}
+        assert all(
+            recs[f"q{i}"]["text"] == up.answer([{"role": "user", "content": _q(i)}])
+            for i in range(12)
+        )
+    assert (first.answered, first.failed, first.skipped, first.total) == (12, 1, 0, 13)
+    assert [(f[1], f[0]) for f in first.failures] == [(13, ""), (14, "x")]
+    assert "unknown model 'nope'" in first.failures[1][2] and not first.ok
+    assert recs["x"]["ok"] is False and recs["x"]["error"] == "InvalidRequest"
+    assert recs["q0"]["finish_reason"] == "stop" and recs["q0"]["model"] == "m"
+    # The second run: the twelve answered are skipped, the failed one tried again.
+    assert (again.answered, again.failed, again.skipped) == (0, 1, 12)
+    assert sent == 12 and len(up.requests) == 12
+
+
+async def test_an_interrupted_batch_finishes_exactly_the_missing_ids(tmp_path: Path) -> None:
+    """Stopped after five answers (as Ctrl-C would), then run again: every id answered once,
+    and the records are those of an uninterrupted run, line for line (sorted by id)."""
+    requests = tmp_path / "in.jsonl"
+    requests.write_text("\n".join(_lines(20)) + "\n")
+    whole, cut = tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
+    async with Upstream(token_delay=0.002) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with streamres.Client([route], account_limits={"acct": 4}) as client:
+            await streamres.run_batch(client, requests, whole)
+            with anyio.CancelScope() as scope:
+
+                def stop_after_five(p: streamres.BatchProgress) -> None:
+                    if p.done >= 5:
+                        scope.cancel()
+
+                await streamres.run_batch(client, requests, cut, on_progress=stop_after_five)
+            partial = {r["id"] for r in _records(cut)}
+            assert 5 <= len(partial) < 20
+            rest = await streamres.run_batch(client, requests, cut)
+    assert rest.skipped == len(partial) and rest.answered == 20 - len(partial)
+    ids = [r["id"] for r in _records(cut)]
+    assert sorted(ids) == sorted(f"q{i}" for i in range(20))  # none twice
+    by_id = sorted(cut.read_text().splitlines())
+    assert by_id == sorted(whole.read_text().splitlines())
+
+
+async def test_a_batch_through_the_storm_is_exact(tmp_path: Path) -> None:
+    """200 requests, a seeded sustained storm on the model (refusals, breaks, stalls): every
+    answer exact; the upstream requests per answer reported."""
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text("\n".join(_lines(200)) + "\n")
+    plan = FaultPlan.storm(connect=0.15, midstream=0.15, stall=0.02, seed=7)
+    async with Upstream(models={"m": ModelSpec(faults=plan)}, ping_interval=0.05) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with streamres.Client(
+            [route],
+            account_limits={"acct": 16},
+            stall_timeout=0.5,
+            breaker_threshold=1000,
+            backoff=streamres.Backoff(initial=0.01, maximum=0.05),
+            # Room for the storm's retries: the default budget (10 banked, 1 a second) would
+            # rightly slow this batch to the pace of its refill.
+            retry_budget=streamres.RetryBudget(cap=1000, balance=1000),
+        ) as client:
+            summary = await streamres.run_batch(client, requests, results, when="always")
+        recs = _records(results)
+        exact = sum(
+            r["ok"] and r["text"] == up.answer([{"role": "user", "content": _q(int(r["id"][1:]))}])
+            for r in recs
+        )
+        per_answer = len(up.requests) / 200
+    print(f"storm: {exact}/200 exact, {per_answer:.2f} upstream requests per answer")
+    assert summary.answered == 200 and exact == 200
+    assert summary.retries + summary.resumes > 0  # the storm did hit
+
+
+async def test_a_batch_pauses_while_its_model_is_jammed(tmp_path: Path) -> None:
+    """The model refuses everything for a while: once it is jammed, the batch keeps one answer
+    in flight (the one that finds out when health returns), says it paused, and resumes."""
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text("\n".join(_lines(12)) + "\n")
+    seen: list[streamres.BatchProgress] = []
+    async with Upstream(models={"m": ModelSpec(faults=FaultPlan("529*10"))}) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client(
+            [route],
+            breaker_threshold=3,
+            breaker_recovery=0.2,
+            backoff=streamres.Backoff(initial=0.01, maximum=0.05),
+            deadline=60,
+        ) as client:
+            summary = await streamres.run_batch(
+                client, requests, results, concurrency=6, on_progress=seen.append
+            )
+    assert summary.answered == 12
+    paused = [p for p in seen if p.paused]
+    assert paused and "jammed" in paused[0].paused
+    # While paused, an answer starts only when none is in flight.
+    starts = [(a, b) for a, b in itertools.pairwise(seen) if b.paused and b.in_flight > a.in_flight]
+    assert starts and all(a.in_flight == 0 for a, _ in starts), starts
+    assert seen[-1].paused == ""  # resumed
+
+
+async def test_a_person_is_served_before_the_batch_waiting_for_the_same_account(
+    tmp_path: Path,
+) -> None:
+    """A batch saturates an account of two slots; a chat answer arriving mid-batch is the next
+    request the upstream sees once a slot frees (the batch runs at low priority)."""
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text("\n".join(_lines(10)) + "\n")
+    async with Upstream(token_delay=0.005, words=30) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with streamres.Client([route], account_limits={"acct": 2}) as client:
+            limits = client._limits
+            assert limits is not None
+            chat_at: list[int] = []
+
+            async def person() -> None:
+                with anyio.fail_after(30):
+                    while len(up.requests) < 4:  # mid-batch
+                        await anyio.lowlevel.checkpoint()
+                sent = len(up.requests)
+                async for _ in client.stream([{"role": "user", "content": "chat"}], model="m"):
+                    pass
+                chat_at.append(sent)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(person)
+                await streamres.run_batch(client, requests, results, concurrency=4)
+    asked = [str(r.body["messages"][-1]["content"]) for r in up.requests]
+    # When the person asked, two batch answers streamed and two more waited for a slot
+    # (concurrency 4 on 2 slots): the person's request is the very next one the upstream saw.
+    assert asked.index("chat") == chat_at[0], asked
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def _batch(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL")
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamres", "batch", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_killed_batch_run_again_finishes_the_rest(tmp_path: Path) -> None:
+    """``streamres batch`` killed (SIGKILL) after a few answers, then the same command: every
+    id answered exactly once, the records those of an uninterrupted run (sorted by id)."""
+    (tmp_path / "in.jsonl").write_text("\n".join(_lines(30)) + "\n")
+    args = ("in.jsonl", "--faults", "none", "--token-delay", "0.003", "--account-limit", "3")
+    whole = _batch(*args, "-o", "whole.jsonl", cwd=tmp_path)
+    out, err = whole.communicate(timeout=120)
+    assert whole.returncode == 0, err
+    assert "30 answered, 0 failed" in out
+    with _batch(*args, "-o", "cut.jsonl", cwd=tmp_path) as run:
+        assert run.stderr is not None
+        for line in run.stderr:  # one plain line per answer (not a terminal)
+            if line.startswith("[ 6/30]"):
+                run.send_signal(signal.SIGKILL)
+                break
+        run.wait(timeout=60)
+    partial = _records(tmp_path / "cut.jsonl")
+    assert 6 <= len(partial) < 30
+    again = _batch(*args, "-o", "cut.jsonl", cwd=tmp_path)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert f"{30 - len(partial)} answered, 0 failed, {len(partial)} already done, of 30" in out
+    cut = (tmp_path / "cut.jsonl").read_text().splitlines()
+    assert len(cut) == 30
+    assert sorted(cut) == sorted((tmp_path / "whole.jsonl").read_text().splitlines())
+
+
+def test_the_command_lists_bad_lines_and_exits_1(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_text("\n".join([*_lines(3), "{oops", '{"id": "q9"}']) + "\n")
+    run = _batch("in.jsonl", "-o", "out.jsonl", "--faults", "none", cwd=tmp_path)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 1
+    assert "3 answered, 0 failed" in out
+    assert "line 4: not JSON" in out and 'line 5: needs "messages"' in out
+    missing = _batch("nothere.jsonl", "-o", "out.jsonl", cwd=tmp_path)
+    _, err = missing.communicate(timeout=60)
+    assert missing.returncode == 2 and "cannot read the requests 'nothere.jsonl'" in err
+    bad = _batch("in.jsonl", "-o", "o.jsonl", "--window", "25:00-1", cwd=tmp_path)
+    _, err = bad.communicate(timeout=60)
+    assert bad.returncode == 2 and "HH:MM-HH:MM" in err and "Traceback" not in err
