@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from streamres._fleet.metrics import ModelMetrics
 from streamres._shell.client import Client
 from streamres._shell.extras import require
 
@@ -49,7 +50,24 @@ _GAUGES = {
     "latency_p95": "95th percentile latency of successful requests (s)",
 }
 _BREAKER = {"closed": 0, "half_open": 1, "open": 2}
-_HEALTH = {"healthy": 0, "degraded": 1, "jammed": 2}
+_HEALTH = {"healthy": 0, "degraded": 1, "degrading": 1.5, "jammed": 2}
+
+
+def _last_minute(m: ModelMetrics) -> dict[str, float | None]:
+    """The trend's buckets of the last minute, summed."""
+    points = [p for p in m.trend if p.ago <= 60.0]
+    n = sum(p.requests for p in points)
+    if not n:
+        return {"requests": 0.0}
+    ok = sum((p.success_rate or 0.0) * p.requests for p in points)
+    cap = sum((p.capacity_error_rate or 0.0) * p.requests for p in points)
+    ttfts = sorted(p.ttft_p50 for p in points if p.ttft_p50 is not None)
+    return {
+        "requests": float(n),
+        "success_ratio": ok / n,
+        "capacity_error_ratio": cap / n,
+        "ttft_seconds": ttfts[len(ttfts) // 2] if ttfts else None,
+    }
 
 
 class StreamresCollector:
@@ -80,13 +98,33 @@ class StreamresCollector:
             "streamres_breaker_state", "0 closed, 1 half-open, 2 open", labels=["model"]
         )
         health = GaugeMetricFamily(
-            "streamres_health", "0 healthy, 1 degraded, 2 jammed", labels=["model"]
+            "streamres_health", "0 healthy, 1 degraded, 1.5 degrading, 2 jammed", labels=["model"]
+        )
+        trend = {
+            name: GaugeMetricFamily(f"streamres_last_minute_{name}", text, labels=["model"])
+            for name, text in (
+                ("success_ratio", "success rate over the last minute"),
+                ("capacity_error_ratio", "capacity-error rate over the last minute"),
+                ("ttft_seconds", "median time to first token over the last minute"),
+                ("requests", "requests over the last minute"),
+            )
+        }
+        share = GaugeMetricFamily(
+            "streamres_trend_share",
+            "share of new traffic the trend leaves (1: all)",
+            labels=["model"],
         )
         for key, m in snapshot.items():
             breaker.add_metric([key], _BREAKER[m.breaker])
             health.add_metric([key], _HEALTH[m.health.status])
+            share.add_metric([key], m.trend_share)
+            for name, value in _last_minute(m).items():
+                if value is not None:
+                    trend[name].add_metric([key], value)
         yield breaker
         yield health
+        yield share
+        yield from trend.values()
         yield from self._fleet_wide()
 
     def _fleet_wide(self) -> Iterator[Metric]:

@@ -459,6 +459,53 @@ async def test_the_health_board_shows_a_model_turning_jammed_in_a_browser() -> N
     assert 'data-model="demo-small" data-status="healthy"' in dom
 
 
+async def test_the_board_charts_each_models_last_minutes_in_a_browser(tmp_path: Path) -> None:
+    """Headless Chromium renders, per model, three charts of the last minutes (success, first
+    token, capacity errors) with a point per bucket and a mark where the breaker opened, at a
+    desktop's width and a phone's; the screenshots are kept (``STREAMRES_TEST_ARTIFACTS``, or
+    the test's directory)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    keep = anyio.Path(os.environ.get("STREAMRES_TEST_ARTIFACTS") or tmp_path)
+    await keep.mkdir(parents=True, exist_ok=True)
+    base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    async with running(port=0, faults="503*40", token_delay=0) as run:
+        for _ in range(6):
+            await _openai_text(run.url, model="demo")
+        health = run.proxy.health()["models"]
+        assert health["demo-large"]["trend"] and health["demo-large"]["breaker_changes"]
+        done = await anyio.run_process(
+            [*base, "--virtual-time-budget=4000", "--dump-dom", run.url + "/"], check=False
+        )
+        shots = {}
+        for name, size in (("board.png", "1200,700"), ("board-phone.png", "390,1400")):
+            shots[name] = keep / name
+            await anyio.run_process(
+                [
+                    *base,
+                    f"--window-size={size}",
+                    "--virtual-time-budget=4000",
+                    f"--screenshot={shots[name]}",
+                    run.url + "/",
+                ],
+                check=False,
+            )
+    dom = done.stdout.decode()
+    cards = dom.split('class="card"')[1:]
+    assert len(cards) == 2, dom[-2000:]
+    large = next(c for c in cards if 'data-model="demo-large"' in c)
+    for signal in ("success_rate", "ttft_p50", "capacity_error_rate"):
+        assert f'data-signal="{signal}"' in large
+    assert large.count("<circle") >= 2  # a point per bucket (no first token: all refused)
+    assert 'stroke="#d33"' in large  # the breaker opened
+    assert ">100 %<" in large  # capacity errors: every request of the large model refused
+    for shot in shots.values():
+        data = await shot.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    print(f"board screenshots: {', '.join(str(s) for s in shots.values())}")
+
+
 async def test_tenants_never_share_answers() -> None:
     """Two client keys ask the same question: each gets its own upstream answer (the cache and
     single-flight are per key); the same key asking again is answered from its cache."""

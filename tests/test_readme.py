@@ -65,13 +65,19 @@ def test_the_readme_has_python_blocks() -> None:
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_block_runs(block: str, request: pytest.FixtureRequest) -> None:
-    """The block runs to its end in a fresh interpreter, without an error."""
+def test_readme_block_runs(block: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The block runs to its end in a fresh interpreter (in an empty directory: what it
+    writes stays out of the clone), without an error."""
     if str(PROXY_PORT) in block:
         code = block.replace(str(PROXY_PORT), str(request.getfixturevalue("proxy")))
     else:
         code = block.replace(str(PORT), str(request.getfixturevalue("server")))
     got = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
     )
     assert got.returncode == 0, got.stderr

@@ -7,6 +7,7 @@ changes; nothing here logs or sleeps.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from streamres._fleet.balance import RetryBudget, Weight
 from streamres._fleet.breaker import BreakerState, CircuitBreaker
 from streamres._fleet.metrics import ModelMetrics, RouteStats, export, merge, snapshot
 from streamres._fleet.routes import Route, fallback_order, pick_weighted
+from streamres._fleet.trends import Trend, Verdict
 
 __all__ = ["HEALTH_KINDS", "MAX_COOLDOWN", "Fleet"]
 
@@ -37,6 +39,19 @@ class _RouteState:
     cooldown_until: float = 0.0
     #: Answers whose delivered tokens are counted when first needed (see ``tokens_later``).
     owed: list[Usage] = field(default_factory=list)
+    #: The last minutes of outcomes (``_fleet/trends``), its last verdict, and the share of
+    #: new traffic the trend leaves the model (×0.7 per outcome while degrading, back by a
+    #: quarter of the gap per outcome once not).
+    trend: Trend = field(default_factory=Trend)
+    verdict: Verdict = field(default_factory=lambda: Verdict(False))
+    share: float = 1.0
+    #: The breaker's last changes: (when, the state it went to).
+    changes: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=16))
+
+
+#: The least share of new traffic a degrading model keeps (it must be able to show it is
+#: better), and the steps the share moves by.
+_SHARE_FLOOR, _SHARE_PENALTY, _SHARE_RESTORE = 0.1, 0.7, 0.25
 
 
 #: Answers whose token counts a route may owe before they are settled at once.
@@ -75,7 +90,7 @@ class Fleet:
 
     def chain(self, model: str | Sequence[str] | None, *, fallback: bool, rand: float) -> list[int]:
         """Route indices to try, in order, for a ``model=`` argument."""
-        weights = [s.weight.current for s in self.states]
+        weights = [s.weight.current * s.share for s in self.states]
         if model is None:
             primary = pick_weighted(range(len(self.routes)), weights, rand)
         elif isinstance(model, str):
@@ -113,6 +128,8 @@ class Fleet:
         s = self.states[i]
         before = s.breaker.state
         s.stats.succeeded(ttft=ttft, latency=latency)
+        s.trend.record(now, ok=True, capacity=False, ttft=ttft)
+        self._steer(s, now)
         if s.weight.current < s.weight.base:
             s.weight.success()
             if self.on_weight is not None:
@@ -120,6 +137,8 @@ class Fleet:
         after = s.breaker.record_success(now)
         if before != "closed" and self.on_change is not None:
             self.on_change(i, "closed", now)
+        if after != before:
+            s.changes.append((now, after))
         return after if after != before else None
 
     def failed(
@@ -136,6 +155,8 @@ class Fleet:
             # quota's cool-down (kept above), not a broken model: neither moves the breaker.
             s.breaker.record_neutral()
             return None
+        s.trend.record(now, ok=False, capacity=kind in ("capacity", "rate_limit"), ttft=ttft)
+        self._steer(s, now)
         before = s.breaker.state
         s.weight.failure()
         if self.on_weight is not None:
@@ -143,7 +164,17 @@ class Fleet:
         after = s.breaker.record_failure(now)
         if after == "open" and before != "open" and self.on_change is not None:
             self.on_change(i, "open", s.breaker.available_at(now))
+        if after != before:
+            s.changes.append((now, after))
         return after if after != before else None
+
+    def _steer(self, s: _RouteState, now: float) -> None:
+        """Move the model's share of new traffic with its trend (see ``_fleet/trends``)."""
+        s.verdict = s.trend.verdict(now)
+        if s.verdict.degrading:
+            s.share = max(_SHARE_FLOOR, s.share * _SHARE_PENALTY)
+        else:
+            s.share = min(1.0, s.share + (1.0 - s.share) * _SHARE_RESTORE)
 
     def apply(self, i: int, kind: str, until: float) -> None:
         """What another process found (shared state), in this process's clock."""
@@ -161,30 +192,43 @@ class Fleet:
         w = self.states[i].weight
         w.current = min(w.base, max(w.base * w.floor, weight))
 
-    def exported(self) -> dict[str, dict[str, object]]:
-        """Every route's counters as plain data, for the fleet's view (shared state)."""
+    def exported(self, now: float | None = None) -> dict[str, dict[str, object]]:
+        """Every route's counters as plain data, for the fleet's view (shared state); with
+        ``now``, its trend too."""
+        out = {}
         for s in self.states:
             if s.owed:
                 self._settle(s)
-        return {s.route.key: export(s.stats) for s in self.states}
+            out[s.route.key] = export(s.stats)
+            if now is not None:
+                out[s.route.key]["trend"] = s.trend.export(now)
+        return out
 
     def fleet_metrics(
         self, exported: list[dict[str, dict[str, object]]], now: float | None = None
     ) -> dict[str, ModelMetrics]:
         """Metrics summed over processes' :meth:`exported` data; weights, breakers and
         cool-downs are this process's (shared state keeps them the same)."""
-        return {
-            s.route.key: snapshot(
+        out = {}
+        for s in self.states:
+            mine = [e[s.route.key] for e in exported if s.route.key in e]
+            trend = None
+            if now is not None:
+                trend = Trend.merged([_trend_rows(e) for e in mine], now)
+            out[s.route.key] = snapshot(
                 s.route.key,
                 s.route.model,
-                merge([e[s.route.key] for e in exported if s.route.key in e]),
+                merge(mine),
                 weight=s.weight.current,
                 breaker=s.breaker.state,
                 cooldown=max(0.0, s.cooldown_until - now) if now is not None else 0.0,
                 notes=tuple(self.notes),
+                trend=trend,
+                now=now,
+                share=s.share,
+                changes=_ago(s.changes, now),
             )
-            for s in self.states
-        }
+        return out
 
     def queued(self, i: int, seconds: float) -> None:
         """An attempt waited ``seconds`` for a pooled connection (never a model failure)."""
@@ -247,6 +291,21 @@ class Fleet:
                 breaker=s.breaker.state,
                 cooldown=max(0.0, s.cooldown_until - now) if now is not None else 0.0,
                 notes=tuple(self.notes),
+                trend=s.trend if now is not None else None,
+                now=now,
+                share=s.share,
+                changes=_ago(s.changes, now),
             )
             for s in self.states
         }
+
+
+def _ago(changes: deque[tuple[float, str]], now: float | None) -> tuple[tuple[float, str], ...]:
+    if now is None:
+        return ()
+    return tuple((round(now - at, 3), state) for at, state in changes)
+
+
+def _trend_rows(figures: dict[str, object]) -> list[list[float]]:
+    rows = figures.get("trend")
+    return rows if isinstance(rows, list) else []

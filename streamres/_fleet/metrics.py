@@ -4,7 +4,8 @@ Counters are cumulative; time to first token and latency keep the last 512 sampl
 health compares the last 20 requests with the model's whole history. Success falling, latency
 rising and capacity errors rising *together* means the pool is about to give out (seed 4.3):
 that, an open circuit, or fewer than half of the recent requests succeeding, is **jammed**;
-any one of the signals alone is **degraded**.
+two of them moving together over the last minute against the minutes before (``_fleet/trends``)
+is **degrading** — the early warning; any one of the signals alone is **degraded**.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from streamres._fleet.trends import Point, Trend, Verdict
 
 __all__ = ["Health", "ModelMetrics", "RouteStats", "assess", "export", "merge"]
 
@@ -22,7 +25,7 @@ _CAPACITY_KINDS = frozenset({"capacity", "rate_limit"})
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    status: Literal["healthy", "degraded", "jammed"]
+    status: Literal["healthy", "degraded", "degrading", "jammed"]
     reasons: tuple[str, ...] = ()
 
 
@@ -56,6 +59,13 @@ class ModelMetrics:
     weight: float
     breaker: str
     health: Health
+    #: The last minutes, oldest first, in buckets (``_fleet/trends``): requests, success rate,
+    #: capacity-error rate and median time to first token of each.
+    trend: tuple[Point, ...] = ()
+    #: The share of new traffic the trend leaves this model (1.0; less while degrading).
+    trend_share: float = 1.0
+    #: The breaker's last changes in this process, oldest first: (seconds ago, new state).
+    breaker_changes: tuple[tuple[float, str], ...] = ()
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -118,8 +128,10 @@ class RouteStats:
 _JUDGE = 5
 
 
-def assess(stats: RouteStats, breaker: str, cooldown: float = 0.0) -> Health:
-    """Healthy, degraded or jammed, and why."""
+def assess(
+    stats: RouteStats, breaker: str, cooldown: float = 0.0, verdict: Verdict | None = None
+) -> Health:
+    """Healthy, degraded, degrading or jammed, and why."""
     reasons: list[str] = []
     if breaker == "open":
         return Health("jammed", ("circuit open after consecutive failures",))
@@ -127,6 +139,8 @@ def assess(stats: RouteStats, breaker: str, cooldown: float = 0.0) -> Health:
         reasons.append(f"cooling down for {cooldown:.0f} s as the server asked (Retry-After)")
     recent = list(stats.recent)
     if len(recent) < _JUDGE:
+        if verdict is not None and verdict.degrading:
+            return Health("degrading", verdict.reasons + tuple(reasons))
         if reasons:
             return Health("degraded", tuple(reasons))
         # Healthy until shown otherwise, and saying so: 1 of 2 failed is not yet a trend.
@@ -154,6 +168,8 @@ def assess(stats: RouteStats, breaker: str, cooldown: float = 0.0) -> Health:
         reasons.append("latency rising")
     if ok_recent < 0.5 or (success_down and capacity_up and latency_up):
         return Health("jammed", tuple(reasons))
+    if verdict is not None and verdict.degrading:
+        return Health("degrading", verdict.reasons + tuple(reasons))
     if reasons:
         return Health("degraded", tuple(reasons))
     return Health("healthy")
@@ -168,9 +184,14 @@ def snapshot(
     breaker: str,
     cooldown: float = 0.0,
     notes: tuple[str, ...] = (),
+    trend: Trend | None = None,
+    now: float | None = None,
+    share: float = 1.0,
+    changes: tuple[tuple[float, str], ...] = (),
 ) -> ModelMetrics:
     done = stats.successes + stats.failures
-    health = assess(stats, breaker, cooldown)
+    verdict = trend.verdict(now) if trend is not None and now is not None else None
+    health = assess(stats, breaker, cooldown, verdict)
     if notes:
         health = Health(health.status, health.reasons + notes)
     ttft, latency = list(stats.ttft), list(stats.latency)
@@ -200,6 +221,9 @@ def snapshot(
         weight=weight,
         breaker=breaker,
         health=health,
+        trend=trend.series(now) if trend is not None and now is not None else (),
+        trend_share=share,
+        breaker_changes=changes,
     )
 
 

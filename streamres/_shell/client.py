@@ -323,7 +323,7 @@ class Client:
             now: float | None = anyio.current_time()
         except RuntimeError:
             now = None
-        return self.fleet.fleet_metrics([self.fleet.exported(), *state.others], now)
+        return self.fleet.fleet_metrics([self.fleet.exported(now), *state.others], now)
 
     def health(self) -> dict[str, Health]:
         """Which models are healthy, degraded or jammed, and why."""

@@ -563,7 +563,8 @@ class SharedState(Limits):
 
     async def sync_metrics(self) -> None:
         """Send this process's figures; take back every live process's (one round trip)."""
-        figures = json.dumps({"id": self.id, "routes": self.fleet.exported()})
+        routes = self.fleet.exported(anyio.current_time())
+        figures = json.dumps({"id": self.id, "routes": routes})
         got = await self._call(
             "metrics",
             [f"{self.prefix}:metrics:procs"],

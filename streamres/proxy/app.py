@@ -294,6 +294,18 @@ class Proxy:
                 "in_flight": m.in_flight,
                 "ttft_p50": m.ttft_p50,
                 "latency_p95": m.latency_p95,
+                "trend_share": round(m.trend_share, 3),
+                "trend": [
+                    {
+                        "ago": p.ago,
+                        "requests": p.requests,
+                        "success_rate": p.success_rate,
+                        "capacity_error_rate": p.capacity_error_rate,
+                        "ttft_p50": p.ttft_p50,
+                    }
+                    for p in m.trend
+                ],
+                "breaker_changes": [{"ago": ago, "state": st} for ago, st in m.breaker_changes],
             }
         return {"models": models, "aliases": self.config.models, "time": time.time()}
 

@@ -1,7 +1,10 @@
-"""The health board: one page that shows, model by model, whether it is healthy, degraded or
-jammed, and why (seed §6), updated every second from ``/health``. (It polls rather than
-holding ``/health/stream`` open: a page whose network never goes idle is never "loaded" for
-tools that snapshot it, such as a headless browser's ``--dump-dom``.)"""
+"""The health board: one page that shows, model by model, whether it is healthy, degraded,
+degrading or jammed, and why (seed §6), with the last five minutes of its three signals —
+success rate, time to first token, capacity errors — as small charts, and when its breaker
+opened and closed. Updated every second from ``/health``; a page a team keeps on a screen,
+readable at a phone's width. (It polls rather than holding ``/health/stream`` open: a page
+whose network never goes idle is never "loaded" for tools that snapshot it, such as a
+headless browser's ``--dump-dom``.)"""
 
 from __future__ import annotations
 
@@ -14,57 +17,105 @@ BOARD_HTML = """<!doctype html>
 <title>streamres — model health</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
-  body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem; color: #1d232a; }
+  body { font: 15px/1.45 system-ui, sans-serif; margin: 1.5rem; color: #1d232a; }
   h1 { font-size: 1.3rem; margin: 0 0 .2rem; }
   p.sub { color: #5b6570; margin: 0 0 1.2rem; }
-  table { border-collapse: collapse; min-width: 60rem; }
-  th, td { text-align: left; padding: .45rem .8rem; border-bottom: 1px solid #e3e7eb; }
-  th { font-weight: 600; color: #5b6570; font-size: .85rem; text-transform: uppercase; }
-  td.num { text-align: right; font-variant-numeric: tabular-nums; }
-  .status { font-weight: 700; padding: .1rem .5rem; border-radius: .3rem; }
+  #cards { display: grid; gap: 1rem; grid-template-columns: repeat(auto-fill, minmax(20rem, 1fr)); }
+  .card { border: 1px solid #e3e7eb; border-radius: .5rem; padding: .8rem 1rem; }
+  .card h2 { font-size: 1.05rem; margin: 0; display: flex; justify-content: space-between;
+    align-items: center; gap: .5rem; overflow-wrap: anywhere; }
+  .status { font-weight: 700; font-size: .85rem; padding: .1rem .5rem; border-radius: .3rem; }
   .healthy { background: #dff5e3; color: #145c24; }
   .degraded { background: #fff1cc; color: #7a5200; }
+  .degrading { background: #ffe2c2; color: #8a3b00; }
   .jammed { background: #fde0de; color: #8f1d15; }
-  .why { color: #5b6570; }
+  .why { color: #5b6570; font-size: .9rem; margin: .3rem 0 .5rem; min-height: 1.3em; }
+  .chart { display: grid; grid-template-columns: 7.5rem 1fr 4rem; align-items: center;
+    gap: .4rem; font-size: .8rem; color: #5b6570; }
+  .chart svg { width: 100%; height: 2.2rem; background: #f7f9fa; border-radius: .2rem; }
+  .chart .now { text-align: right; color: #1d232a; font-variant-numeric: tabular-nums; }
+  .figures { font-size: .8rem; color: #5b6570; margin-top: .5rem; }
+  .figures b { color: #1d232a; font-weight: 600; }
   #state { color: #5b6570; font-size: .85rem; }
 </style>
 </head>
 <body>
 <h1>Model health</h1>
-<p class="sub">Live from this proxy: which models are healthy, degraded or jammed, and why.
+<p class="sub">Live from this proxy: which models are healthy, degraded, degrading or jammed,
+and why; the charts are the last five minutes (red: breaker opened, green: closed).
 <span id="state">connecting…</span></p>
-<table>
-<thead><tr><th>model</th><th>status</th><th>why</th><th>requests</th><th>success</th>
-<th>capacity errors</th><th>stalls</th><th>resumes</th><th>in flight</th><th>breaker</th>
-<th>weight</th></tr></thead>
-<tbody id="rows"></tbody>
-</table>
+<div id="cards"></div>
 <script>
+const SPAN = 300, NS = "http://www.w3.org/2000/svg";
 const pct = x => x === null || x === undefined ? "–" : Math.round(x * 100) + " %";
-function cell(text, cls) {
-  const td = document.createElement("td");
-  td.textContent = text;
-  if (cls) td.className = cls;
-  return td;
+const ms = x => x === null || x === undefined ? "–" : Math.round(x * 1000) + " ms";
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function chart(label, points, key, max, fmt, color, changes) {
+  const row = el("div", "chart");
+  row.dataset.signal = key;
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("viewBox", "0 0 300 40");
+  svg.setAttribute("preserveAspectRatio", "none");
+  for (const c of changes) {
+    const line = document.createElementNS(NS, "line");
+    const x = SPAN - c.ago;
+    line.setAttribute("x1", x); line.setAttribute("x2", x);
+    line.setAttribute("y1", 0); line.setAttribute("y2", 40);
+    const tone = c.state === "open" ? "#d33" : c.state === "closed" ? "#2a2" : "#d90";
+    line.setAttribute("stroke", tone);
+    line.setAttribute("stroke-width", "1.5");
+    svg.append(line);
+  }
+  const known = points.filter(p => p[key] !== null && p[key] !== undefined);
+  const top = max || Math.max(0.001, ...known.map(p => p[key]));
+  const xy = known.map(p => [Math.min(297, Math.max(3, SPAN - p.ago + 5)),
+    38 - 36 * Math.min(1, p[key] / top)]);
+  const line = document.createElementNS(NS, "polyline");
+  line.setAttribute("points", xy.map(([x, y]) => x.toFixed(1) + "," + y.toFixed(1)).join(" "));
+  line.setAttribute("fill", "none");
+  line.setAttribute("stroke", color);
+  line.setAttribute("stroke-width", "2");
+  svg.append(line);
+  for (const [x, y] of xy) {
+    const dot = document.createElementNS(NS, "circle");
+    dot.setAttribute("cx", x); dot.setAttribute("cy", y); dot.setAttribute("r", 1.8);
+    dot.setAttribute("fill", color);
+    svg.append(dot);
+  }
+  const last = known.length ? known[known.length - 1][key] : null;
+  row.append(el("span", "", label), svg, el("span", "now", fmt(last)));
+  return row;
 }
 function render(health) {
-  const rows = document.getElementById("rows");
-  rows.replaceChildren();
+  const cards = document.getElementById("cards");
+  cards.replaceChildren();
   for (const [name, m] of Object.entries(health.models)) {
-    const tr = document.createElement("tr");
-    tr.dataset.model = name;
-    tr.dataset.status = m.status;
-    tr.append(cell(name));
-    const st = document.createElement("td");
-    const badge = document.createElement("span");
-    badge.className = "status " + m.status;
-    badge.textContent = m.status;
-    st.append(badge);
-    tr.append(st, cell(m.reasons.join("; ") || "–", "why"),
-      cell(m.requests, "num"), cell(pct(m.success_rate), "num"),
-      cell(m.capacity_errors, "num"), cell(m.stalls, "num"), cell(m.resumes, "num"),
-      cell(m.in_flight, "num"), cell(m.breaker), cell(m.weight.toFixed(2), "num"));
-    rows.append(tr);
+    const card = el("div", "card");
+    card.dataset.model = name;
+    card.dataset.status = m.status;
+    const h = el("h2");
+    h.append(el("span", "", name), el("span", "status " + m.status, m.status));
+    card.append(h, el("div", "why", m.reasons.join("; ") || "–"));
+    const t = m.trend || [], ch = m.breaker_changes || [];
+    card.append(
+      chart("success", t, "success_rate", 1, pct, "#2a7d3a", ch),
+      chart("first token", t, "ttft_p50", 0, ms, "#2f5ea8", ch),
+      chart("capacity errors", t, "capacity_error_rate", 1, pct, "#c0392b", ch));
+    const f = el("div", "figures");
+    f.innerHTML = "";
+    for (const [k, v] of [["requests", m.requests], ["in flight", m.in_flight],
+        ["breaker", m.breaker], ["weight", m.weight.toFixed(2)],
+        ["traffic share", (m.trend_share ?? 1).toFixed(2)]]) {
+      f.append(k + " ", el("b", "", String(v)), " · ");
+    }
+    f.lastChild.remove();
+    card.append(f);
+    cards.append(card);
   }
   document.getElementById("state").textContent =
     "updated " + new Date(health.time * 1000).toLocaleTimeString();
