@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -21,6 +22,7 @@ from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
 from streamres._core.cache import Cache, CacheStats, cache_key
 from streamres._core.errors import InvalidRequest
+from streamres._core.events import Event
 from streamres._core.lanes import NORMAL
 from streamres._core.options import check_client_routes, check_options
 from streamres._core.semantic import split_question
@@ -36,6 +38,7 @@ from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
 from streamres._shell.shared_cache import SharedAnswers
 from streamres._shell.stream import ResilientStream, _run, _shared_ssl_context
+from streamres._shell.tracing import Tracing, traced
 
 __all__ = ["Client"]
 
@@ -82,6 +85,8 @@ class Client:
         shared: str | None = None,
         shared_prefix: str = "streamres",
         cache: Cache | None = None,
+        tracing: Any = None,
+        capture_content: bool = False,
     ) -> None:
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise InvalidRequest(
@@ -126,6 +131,7 @@ class Client:
         self._fallback_after = fallback_after
         self._rng = rng or random.Random()
         self._read_limits = read_limits
+        self._tracing = Tracing(tracing, capture_content=capture_content)
         if shared is not None and not (
             isinstance(shared, str) and shared.startswith(("redis://", "rediss://", "unix://"))
         ):
@@ -271,8 +277,18 @@ class Client:
             priority=priority,
         )
         http, limits = self._http, self._limits
+        trace = None
+        if self._tracing.enabled:
+            trace = self._tracing.answer(
+                opts.messages, self.fleet.routes[chain[0]], more, max_tokens
+            )
+            opts = replace(opts, headers={**opts.headers, **trace.headers()})
+
+        def events(gen: AsyncIterator[Event]) -> ResilientStream:
+            return ResilientStream(gen if trace is None else traced(gen, trace))
+
         if self._flights is None:
-            return ResilientStream(_run(opts, http, limits))
+            return events(_run(opts, http, limits))
         routes = [self.fleet.routes[i].key for i in chain]
         params = {**more, "_headers": dict(headers or {}), "_scope": cache_scope}
         key = cache_key(messages, routes, max_tokens, params)
@@ -283,10 +299,9 @@ class Client:
         if keep and split is not None:
             context, text = split
             question = Question(cache_key(context, routes, max_tokens, params), text)
-        return ResilientStream(
-            self._flights.stream(
-                key, keep, opts.deadline, lambda: _run(opts, http, limits), question
-            )
+        run = opts
+        return events(
+            self._flights.stream(key, keep, run.deadline, lambda: _run(run, http, limits), question)
         )
 
     async def cache_ready(self) -> bool:

@@ -24,6 +24,7 @@ EXTRAS: Final[dict[str, tuple[str, str]]] = {
     "coredis": ("shared", "coredis"),
     "wordllama": ("semantic", "wordllama"),
     "prometheus_client": ("prometheus", "prometheus-client"),
+    "opentelemetry.trace": ("otel", "opentelemetry-api"),
 }
 
 
@@ -38,10 +39,14 @@ def installed(module: str) -> bool:
     own import does)."""
     if module in sys.modules and sys.modules[module] is None:
         return False
+    if "." in module and not installed(module.rpartition(".")[0]):
+        return False
     try:
         return importlib.util.find_spec(module) is not None
     except ValueError:  # imported, with no spec (some test doubles)
         return True
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def require(module: str, what: str, *, otherwise: str = "") -> None:

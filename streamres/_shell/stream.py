@@ -12,6 +12,7 @@ deadline moves, never a cancel scope across a ``yield`` of this async generator)
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import socket
@@ -52,6 +53,7 @@ from streamres._fleet.fleet import Fleet
 from streamres._shell.limits import Limits
 from streamres._shell.shared import SharedState
 from streamres._shell.timer import TIMEOUT, ReadTimer, clock
+from streamres._shell.tracing import Tracing, traced
 
 __all__ = ["ResilientStream", "stream_resilient"]
 
@@ -115,6 +117,8 @@ def stream_resilient(
     headers: Mapping[str, str] | None = None,
     rng: random.Random | None = None,
     read_limits: ReadLimits | None = None,
+    tracing: Any = None,
+    capture_content: bool = False,
     **more: Any,
 ) -> ResilientStream:
     """Stream one answer, surviving capacity errors, drops, stalls and truncations.
@@ -160,7 +164,12 @@ def stream_resilient(
         rng=rng,
         read_limits=read_limits,
     )
-    return ResilientStream(_run(opts, client, None))
+    tracer = Tracing(tracing, capture_content=capture_content)
+    if not tracer.enabled:
+        return ResilientStream(_run(opts, client, None))
+    trace = tracer.answer(opts.messages, routes[0], more, max_tokens)
+    opts = dataclasses.replace(opts, headers={**opts.headers, **trace.headers()})
+    return ResilientStream(traced(_run(opts, client, None), trace))
 
 
 class ResilientStream:

@@ -20,10 +20,11 @@ closes the upstream stream.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ import anyio
 
 import streamres
 from streamres._core.lanes import NORMAL, parse_priority
-from streamres._shell.extras import install_hint
+from streamres._shell.extras import install_hint, installed
 from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.config import ClientKey, Config
 from streamres.proxy.inbound import API, BadRequest, Call, parse
@@ -49,6 +50,30 @@ _APIS: dict[str, API] = {
     "/v1/responses": "responses",
 }
 MAX_BODY = 8 * 1024 * 1024
+
+
+def _caller_trace(headers: dict[str, str]) -> Any:
+    """The caller's trace context (W3C ``traceparent``), when it sent one and OpenTelemetry is
+    installed; else ``None``."""
+    if "traceparent" not in headers or not installed("opentelemetry.trace"):
+        return None
+    from opentelemetry import propagate
+
+    return propagate.extract(headers)
+
+
+@contextlib.contextmanager
+def _within(context: Any) -> Iterator[None]:
+    if context is None:
+        yield
+        return
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def _priority(headers: dict[str, str], state: _ClientState | None) -> int:
@@ -150,7 +175,8 @@ class Proxy:
             writer = Writer(call, status_events=status_events)
             # Answers are shared (cache, single-flight) within a client key, never across.
             tenant = state.key.name if state is not None else None
-            await self._run(call, chain, writer, receive, send, served, tenant, priority)
+            parent = _caller_trace(headers)
+            await self._run(call, chain, writer, receive, send, served, tenant, priority, parent)
         finally:
             if state is not None:
                 state.in_flight -= 1
@@ -195,9 +221,11 @@ class Proxy:
         served: list[Any],
         tenant: str | None,
         priority: int,
+        parent: Any = None,
     ) -> None:
         """Stream (or collect) the answer; ``served[2]``: the HTTP status sent; ``tenant``: the
-        client key whose answers it may share; ``priority``: its lane for slots."""
+        client key whose answers it may share; ``priority``: its lane for slots; ``parent``:
+        the caller's trace context (its ``traceparent``), which the answer's span continues."""
         kwargs: dict[str, Any] = dict(call.params)
         kwargs["priority"] = priority
         if call.max_tokens is not None:
@@ -205,7 +233,7 @@ class Proxy:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
             try:
-                await self._relay(call, chain, kwargs, writer, send, served, tenant)
+                await self._relay(call, chain, kwargs, writer, send, served, tenant, parent)
             finally:
                 tg.cancel_scope.cancel()
 
@@ -218,6 +246,7 @@ class Proxy:
         send: Send,
         served: list[Any],
         tenant: str | None,
+        parent: Any = None,
     ) -> None:
         started = False
         pending: list[bytes] = []
@@ -232,9 +261,11 @@ class Proxy:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
         try:
-            async with self.client.stream(
-                call.messages, model=chain, cache_scope=tenant, **kwargs
-            ) as events:
+            with _within(parent):  # the answer's span, if traced, is the caller's child
+                answer = self.client.stream(
+                    call.messages, model=chain, cache_scope=tenant, **kwargs
+                )
+            async with answer as events:
                 async for ev in events:
                     if not call.stream:
                         if ev.type == "done":

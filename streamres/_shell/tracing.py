@@ -1,0 +1,270 @@
+"""OpenTelemetry traces of answers (``pip install 'streamres[otel]'``). I/O shell: it only
+observes the events an answer yields and reports them as spans.
+
+One span per answer (``chat {model}``, kind CLIENT) with the GenAI semantic conventions'
+attributes — ``gen_ai.operation.name``, ``gen_ai.system``, ``gen_ai.request.model`` (and
+``max_tokens``, ``temperature``, ``top_p`` when given), ``gen_ai.response.model``,
+``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` / ``output_tokens``,
+``server.address`` / ``server.port``, ``error.type`` on failure — plus streamres's own
+(``streamres.attempts``, ``streamres.resumes``, ``streamres.join``, ``streamres.cache``,
+``streamres.deduplicated_chars``). A child span per attempt (``attempt {n} {model}``) with the
+route, its outcome (``ok`` or the failure kind), the HTTP status, the characters it added and
+its time to first token; events on the answer's span for each retry, resume (strategy), fallback
+(from and to) and the done event. The request to the upstream carries the answer's context
+(``traceparent``), so a server that traces continues it.
+
+Prompts and completions are recorded only with ``capture_content=True`` (as the events
+``gen_ai.content.prompt`` and ``gen_ai.content.completion``); keys and headers never are.
+
+Tracing is off unless asked for: ``tracing=True`` (the global tracer provider; an error naming
+the extra if OpenTelemetry is not installed), a ``TracerProvider``, or ``tracing=None`` (the
+default) with a tracer provider configured globally and the package installed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from streamres._core.errors import InvalidRequest, StreamError
+from streamres._core.events import DoneEvent, Event
+from streamres._fleet.routes import Route
+from streamres._shell.extras import installed, require
+
+__all__ = ["Tracing"]
+
+_SCOPE = "streamres"
+
+
+def _version() -> str:
+    from streamres import __version__
+
+    return __version__
+
+
+class Tracing:
+    """A client's tracing: whether it traces, with which tracer, and whether content goes in."""
+
+    def __init__(self, setting: Any = None, *, capture_content: bool = False) -> None:
+        self.capture_content = bool(capture_content)
+        self.tracer: Any = None
+        if setting is False:
+            return
+        if setting is None:
+            if not installed("opentelemetry.trace"):
+                return
+            from opentelemetry import trace
+
+            provider = trace.get_tracer_provider()
+            if type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider"):
+                return  # nothing configured: no spans to make
+            self.tracer = provider.get_tracer(_SCOPE, _version())
+            return
+        require("opentelemetry.trace", "tracing=True")
+        from opentelemetry import trace
+
+        if setting is True:
+            self.tracer = trace.get_tracer(_SCOPE, _version())
+        elif hasattr(setting, "get_tracer"):
+            self.tracer = setting.get_tracer(_SCOPE, _version())
+        else:
+            raise InvalidRequest(
+                f"tracing must be True, False, None or a TracerProvider, not {setting!r:.60}",
+                reason="invalid",
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.tracer is not None
+
+    def answer(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        route: Route,
+        params: Mapping[str, Any],
+        max_tokens: int | None,
+    ) -> AnswerTrace:
+        return AnswerTrace(self, messages, route, params, max_tokens)
+
+
+class AnswerTrace:
+    """The spans of one answer, fed its events."""
+
+    def __init__(
+        self,
+        tracing: Tracing,
+        messages: Sequence[Mapping[str, Any]],
+        route: Route,
+        params: Mapping[str, Any],
+        max_tokens: int | None,
+    ) -> None:
+        from opentelemetry import trace
+
+        self._trace = trace
+        self.tracing = tracing
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system": "anthropic" if route.provider == "anthropic" else "openai",
+            "gen_ai.request.model": route.model,
+        }
+        if max_tokens is not None:
+            attributes["gen_ai.request.max_tokens"] = max_tokens
+        for name in ("temperature", "top_p"):
+            value = params.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                attributes[f"gen_ai.request.{name}"] = float(value)
+        if route.base_url:
+            where = urlsplit(route.base_url)
+            if where.hostname:
+                attributes["server.address"] = where.hostname  # never the URL: it may hold keys
+                if where.port:
+                    attributes["server.port"] = where.port
+        self.span = tracing.tracer.start_span(
+            f"chat {route.model}", kind=trace.SpanKind.CLIENT, attributes=attributes
+        )
+        if tracing.capture_content:
+            self.span.add_event(
+                "gen_ai.content.prompt",
+                {"gen_ai.prompt": json.dumps(list(messages), ensure_ascii=False, default=str)},
+            )
+        self._context = trace.set_span_in_context(self.span)
+        self._attempt: Any = None
+        self._number = 0
+        self._model = route.model
+        self._started = 0.0
+        self._first = False
+        self._chars = 0
+        self._next_model = route.model
+        self._open_attempt(time.time_ns())
+
+    def headers(self) -> dict[str, str]:
+        """``traceparent`` (and ``tracestate``) for the upstream requests."""
+        from opentelemetry import propagate
+
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=self._context)
+        return carrier
+
+    # -- attempts ----------------------------------------------------------------------
+
+    def _open_attempt(self, at: int) -> None:
+        self._number += 1
+        self._model = self._next_model
+        self._started = at / 1e9
+        self._first = False
+        self._chars = 0
+        self._attempt = self.tracing.tracer.start_span(
+            f"attempt {self._number} {self._model}",
+            context=self._context,
+            start_time=at,
+            attributes={"streamres.attempt": self._number, "gen_ai.request.model": self._model},
+        )
+
+    def _close_attempt(self, outcome: str, status: int | None, at: int) -> None:
+        span = self._attempt
+        if span is None:
+            return
+        span.set_attribute("streamres.outcome", outcome)
+        span.set_attribute("streamres.chars", self._chars)
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+        if outcome != "ok":
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, outcome))
+        span.end(end_time=at)
+        self._attempt = None
+
+    # -- events ------------------------------------------------------------------------
+
+    def observe(self, ev: Event) -> None:
+        now = time.time_ns()
+        if ev.type in ("text", "thinking", "tool_call"):
+            if not self._first and self._attempt is not None:
+                self._first = True
+                self._attempt.set_attribute(
+                    "streamres.time_to_first_token", round(now / 1e9 - self._started, 6)
+                )
+            if ev.type == "text":
+                self._chars += len(ev.text)
+            return
+        if ev.type in ("retry", "resume", "fallback"):
+            data: dict[str, Any] = {"attempt": ev.attempt, "reason": ev.reason}
+            if ev.type == "fallback":
+                data.update({"from": ev.from_model, "to": ev.to_model})
+            else:
+                data.update({"model": ev.model, "delay": ev.delay})
+                if ev.type == "resume":
+                    data["strategy"] = ev.strategy
+            self.span.add_event(f"streamres.{ev.type}", data, timestamp=now)
+            if ev.type == "fallback" and ev.reason == "circuit_open":
+                # No attempt failed: the one about to go moves to the next model.
+                self._model = self._next_model = ev.to_model
+                if self._attempt is not None:
+                    self._attempt.update_name(f"attempt {self._number} {ev.to_model}")
+                    self._attempt.set_attribute("gen_ai.request.model", ev.to_model)
+                return
+            # The attempt failed (one of these events per failure): the next one begins
+            # after the backoff, on the same model or the fallback's.
+            self._close_attempt(ev.reason, getattr(ev, "status_code", None), now)
+            self._next_model = ev.to_model if ev.type == "fallback" else ev.model
+            delay = 0.0 if ev.type == "fallback" else ev.delay
+            self._open_attempt(now + int(max(0.0, delay) * 1e9))
+            return
+        if isinstance(ev, DoneEvent):
+            self._done(ev, now)
+
+    def _done(self, ev: DoneEvent, now: int) -> None:
+        last = ev.history[-1] if ev.history else None
+        if self._attempt is not None:
+            if last is not None and last.model != self._model:
+                self._attempt.update_name(f"attempt {self._number} {last.model}")
+            self._close_attempt("ok", last.status_code if last else None, now)
+        span = self.span
+        span.set_attribute("gen_ai.response.model", ev.model)
+        span.set_attribute("gen_ai.response.finish_reasons", [ev.finish_reason])
+        usage = ev.usage
+        if usage.input_tokens is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+        if usage.output_tokens is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        span.set_attribute("streamres.attempts", ev.attempts)
+        span.set_attribute("streamres.resumes", ev.resumes)
+        span.set_attribute("streamres.join", ev.join)
+        span.set_attribute("streamres.deduplicated_chars", ev.deduplicated_chars)
+        if ev.cache:
+            span.set_attribute("streamres.cache", ev.cache)
+        span.add_event(
+            "streamres.done",
+            {"finish_reason": ev.finish_reason, "model": ev.model, "attempts": ev.attempts},
+            timestamp=now,
+        )
+        if self.tracing.capture_content:
+            span.add_event("gen_ai.content.completion", {"gen_ai.completion": ev.text})
+
+    def failed(self, exc: StreamError) -> None:
+        now = time.time_ns()
+        self._close_attempt(exc.reason or type(exc).__name__, exc.status_code, now)
+        self.span.set_attribute("error.type", type(exc).__name__)
+        self.span.set_attribute("streamres.attempts", exc.attempts)
+        self.span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(exc)[:200]))
+
+    def end(self) -> None:
+        now = time.time_ns()
+        if self._attempt is not None:  # cancelled by the caller
+            self._close_attempt("cancelled", None, now)
+        self.span.end(end_time=now)
+
+
+async def traced(events: AsyncIterator[Event], trace: AnswerTrace) -> AsyncIterator[Event]:
+    """The answer's events, reported to its trace as they pass."""
+    try:
+        async for ev in events:
+            trace.observe(ev)
+            yield ev
+    except StreamError as exc:
+        trace.failed(exc)
+        raise
+    finally:
+        trace.end()
