@@ -5,12 +5,12 @@ caller's ``traceparent`` and passes the answer's context upstream."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -65,7 +65,7 @@ async def test_a_clean_answer_is_one_span_with_one_attempt(spans: Any) -> None:
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.system"] == "openai"
     assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == "m"
     assert a["gen_ai.request.max_tokens"] == 200
-    assert list(a["gen_ai.response.finish_reasons"]) == ["stop"]
+    assert tuple(a["gen_ai.response.finish_reasons"]) == ("stop",)  # type: ignore[arg-type]
     assert a["gen_ai.usage.output_tokens"] == done.usage.output_tokens
     assert a["server.address"] == "127.0.0.1" and a["streamres.attempts"] == 1
     assert attempt.parent is not None and attempt.parent.span_id == answer.context.span_id
@@ -143,7 +143,7 @@ async def test_content_only_when_asked(spans: Any) -> None:
 async def test_no_tracing_without_a_provider_and_a_clear_word_when_asked_without_the_package(
     spans: Any,
 ) -> None:
-    provider, exporter = spans
+    _, exporter = spans
     async with Upstream(words=5) as up:
         route = streamres.Route("m", base_url=up.openai_url, api_key="k")
         async with streamres.Client([route]) as client:  # no global provider configured
@@ -161,8 +161,8 @@ async def test_no_tracing_without_a_provider_and_a_clear_word_when_asked_without
             print(exc)
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "pip install 'streamres[otel]'" in out.stdout
+    out = await anyio.run_process([sys.executable, "-c", code], check=True)
+    assert "pip install 'streamres[otel]'" in out.stdout.decode()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio

@@ -115,7 +115,8 @@ def test_trends_merge_across_processes() -> None:
     for t in range(0, 120):
         a.record(float(t), ok=True, capacity=False, ttft=0.2)
         b.record(float(t), ok=t % 2 == 0, capacity=t % 2 == 1, ttft=0.4 if t % 2 == 0 else None)
-    merged = Trend.merged([a.export(120.0), b.export(120.0), [["bad"]]], 120.0)
+    damaged: list[list[float]] = [["bad"]]  # type: ignore[list-item]  # another version's
+    merged = Trend.merged([a.export(120.0), b.export(120.0), damaged], 120.0)
     series = merged.series(120.0)
     assert sum(p.requests for p in series) == 240
     total_ok = sum((p.success_rate or 0) * p.requests for p in series)
