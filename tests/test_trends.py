@@ -121,3 +121,19 @@ def test_trends_merge_across_processes() -> None:
     assert sum(p.requests for p in series) == 240
     total_ok = sum((p.success_rate or 0) * p.requests for p in series)
     assert total_ok == pytest.approx(180)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_steady_noise_is_not_a_warning(seed: int) -> None:
+    """Ten minutes at a steady 2 % of capacity errors and a jittery first token: never
+    degrading (the warning is for signals that move, not for a model's usual noise)."""
+    rng = random.Random(seed)
+    fleet = Fleet([streamres.Route("a", base_url="http://a/v1")], breaker_threshold=1000)
+    for tick in range(1200):
+        now = tick / 2
+        fleet.started(0, resume=False)
+        if rng.random() < 0.02:
+            fleet.failed(0, now, "capacity", ttft=None, retry_after=None)
+        else:
+            fleet.succeeded(0, now, ttft=0.2 * rng.uniform(0.8, 1.2), latency=2.0)
+        assert fleet.metrics(now)["a"].health.status != "degrading", now

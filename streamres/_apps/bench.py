@@ -941,6 +941,10 @@ def main(argv: list[str] | None = None) -> int:
         from streamres._apps import bench_proxy
 
         return bench_proxy.main(given[1:])
+    if given[:1] == ["warning"]:
+        from streamres._apps import warning_bench
+
+        return warning_bench.main(given[1:])
     if given[:1] == ["batch"]:
         from streamres._apps import batch_bench
 

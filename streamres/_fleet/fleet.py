@@ -85,6 +85,9 @@ class Fleet:
         self.on_weight: Callable[[int, str], None] | None = None
         #: Reasons that apply to every model's health (e.g. shared state unavailable).
         self.notes: list[str] = []
+        #: Whether a degrading model's share of new traffic follows its trend (the verdict is
+        #: reported either way).
+        self.steering = True
 
     # -- choosing -------------------------------------------------------------------------
 
@@ -171,7 +174,7 @@ class Fleet:
     def _steer(self, s: _RouteState, now: float) -> None:
         """Move the model's share of new traffic with its trend (see ``_fleet/trends``)."""
         s.verdict = s.trend.verdict(now)
-        if s.verdict.degrading:
+        if s.verdict.degrading and self.steering:
             s.share = max(_SHARE_FLOOR, s.share * _SHARE_PENALTY)
         else:
             s.share = min(1.0, s.share + (1.0 - s.share) * _SHARE_RESTORE)

@@ -8,9 +8,9 @@ buckets, a fixed number of time-to-first-token samples in each), with ``now`` pa
 
 :meth:`Trend.verdict` compares the last minute (:data:`RECENT`) with the minutes before it:
 
-- **success falling** — the last minute's success rate at least 10 points under the earlier one;
-- **capacity errors rising** — their share at least 10 points over the earlier one;
-- **time to first token rising** — the last minute's median at least 1.5 × the earlier one.
+- **success falling** — the last minute's success rate at least 5 points under the earlier one;
+- **capacity errors rising** — their share at least 5 points over the earlier one;
+- **time to first token rising** — the last minute's median at least 1.25 × the earlier one.
 
 Two or more of them together, each side with at least :data:`JUDGE` requests, is
 **degrading**. It is not jammed (the breaker and the last 20 requests decide that): it is the
@@ -30,7 +30,7 @@ __all__ = ["BUCKET", "JUDGE", "RECENT", "SPAN", "Point", "Trend", "Verdict"]
 #: Seconds per bucket, seconds of history kept, seconds that count as "the last minute".
 BUCKET, SPAN, RECENT = 10.0, 300.0, 60.0
 #: Requests each side of the comparison needs before a trend is read.
-JUDGE = 5
+JUDGE = 20
 #: Time-to-first-token samples kept per bucket.
 _SAMPLES = 32
 
@@ -160,13 +160,13 @@ def judge(recent: list[_Bucket], before: list[_Bucket]) -> Verdict:
     ttft_now = [t for b in recent for t in b.ttft]
     ttft_then = [t for b in before for t in b.ttft]
     reasons = []
-    if ok_now <= ok_then - 0.1:
+    if ok_now <= ok_then - 0.05:
         reasons.append(f"success {ok_now:.0%} in the last minute, {ok_then:.0%} before")
-    if cap_now >= cap_then + 0.1:
+    if cap_now >= cap_then + 0.05:
         reasons.append(f"capacity errors {cap_now:.0%} in the last minute, {cap_then:.0%} before")
     if ttft_now and ttft_then:
         p_now, p_then = statistics.median(ttft_now), statistics.median(ttft_then)
-        if p_then > 0 and p_now >= 1.5 * p_then:
+        if p_then > 0 and p_now >= 1.25 * p_then:
             reasons.append(
                 f"time to first token {p_now * 1000:.0f} ms in the last minute, "
                 f"{p_then * 1000:.0f} ms before"
