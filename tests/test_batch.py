@@ -109,7 +109,15 @@ def test_windows_and_the_pace() -> None:
 async def test_a_batch_answers_every_line_and_a_second_run_sends_nothing(tmp_path: Path) -> None:
     requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     requests.write_text(
-        "\n".join([*_lines(12), "oops", json.dumps({"id": "x", "model": "nope", "prompt": "hi"})])
+        "\n".join(
+            [
+                *_lines(12),
+                "oops",
+                json.dumps({"id": "x", "model": "nope", "prompt": "hi"}),
+                json.dumps({"id": "n2", "prompt": "two answers", "n": 2}),  # refused, not dropped
+                json.dumps({"id": "own", "prompt": "hi", "priority": "high", "deadline": 30}),
+            ]
+        )
         + "\n"
     )
     async with Upstream() as up:
@@ -123,14 +131,16 @@ async def test_a_batch_answers_every_line_and_a_second_run_sends_nothing(tmp_pat
             recs[f"q{i}"]["text"] == up.answer([{"role": "user", "content": _q(i)}])
             for i in range(12)
         )
-    assert (first.answered, first.failed, first.skipped, first.total) == (12, 1, 0, 13)
-    assert [(f[1], f[0]) for f in first.failures] == [(13, ""), (14, "x")]
+    assert (first.answered, first.failed, first.skipped, first.total) == (13, 2, 0, 15)
+    assert [(f[1], f[0]) for f in first.failures] == [(13, ""), (14, "x"), (15, "n2")]
+    assert first.failures[2][2].startswith("n=2: streamres streams one answer")
     assert "unknown model 'nope'" in first.failures[1][2] and not first.ok
     assert recs["x"]["ok"] is False and recs["x"]["error"] == "InvalidRequest"
     assert recs["q0"]["finish_reason"] == "stop" and recs["q0"]["model"] == "m"
     # The second run: the twelve answered are skipped, the failed one tried again.
-    assert (again.answered, again.failed, again.skipped) == (0, 1, 12)
-    assert sent == 12 and len(up.requests) == 12
+    assert recs["own"]["ok"] is True
+    assert (again.answered, again.failed, again.skipped) == (0, 2, 13)
+    assert sent == 13 and len(up.requests) == 13
 
 
 async def test_an_interrupted_batch_finishes_exactly_the_missing_ids(tmp_path: Path) -> None:

@@ -33,8 +33,9 @@ from typing import Any
 
 __all__ = ["BadLine", "Job", "Pace", "Window", "finished", "parse_jobs", "record"]
 
-#: Body fields that are not sent as request parameters (they are the job's own).
-_OWN = {"messages", "model", "prompt", "stream", "stream_options", "n"}
+#: Body fields that are not request parameters: the job's own, and the streaming switches
+#: (every answer is streamed, its usage included).
+_OWN = {"messages", "model", "prompt", "stream", "stream_options"}
 _OPENAI_BATCH_URLS = {"/v1/chat/completions", "/chat/completions"}
 
 

@@ -267,13 +267,19 @@ async def run_batch(
                 try:
                     name = job.model
                     chosen: Any = list(aliases[name]) if name in aliases else name
-                    stream = client.stream(
-                        job.messages,
-                        model=chosen,
-                        priority=lane,
-                        deadline=deadline,
-                        **job.params,
-                    )
+                    params = dict(job.params)  # a line may set its own lane and deadline
+                    try:
+                        stream = client.stream(
+                            job.messages,
+                            model=chosen,
+                            priority=params.pop("priority", lane),
+                            deadline=params.pop("deadline", deadline),
+                            **params,
+                        )
+                    except TypeError as exc:  # a field that is one of stream()'s own
+                        raise InvalidRequest(
+                            f"line {job.line}: {exc}".replace("stream() ", ""), reason="invalid"
+                        ) from None
                     done: DoneEvent | None = None
                     async with stream:
                         async for ev in stream:
