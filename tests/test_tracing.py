@@ -199,3 +199,19 @@ async def test_the_proxy_continues_the_callers_trace(spans: Any) -> None:
     assert answer.parent is not None and f"{answer.parent.span_id:016x}" == "b7ad6b7169203331"
     assert upstream.split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
     assert upstream.split("-")[2] == f"{answer.context.span_id:016x}"
+
+
+async def test_an_answer_from_the_cache_has_no_attempt(spans: Any) -> None:
+    provider, exporter = spans
+    async with Upstream(words=8) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client(
+            [route], tracing=provider, cache=streamres.Cache(ttl=60)
+        ) as client:
+            await collect(client.stream(Q, model="m"))
+            _, _, again = await collect(client.stream(Q, model="m"))
+    assert again.cache == "hit"
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names.count("chat m") == 2 and names.count("attempt 1 m") == 1
+    hit = [s for s in exporter.get_finished_spans() if s.name == "chat m"][-1]
+    assert dict(hit.attributes or {})["streamres.cache"] == "hit"

@@ -131,13 +131,10 @@ class AnswerTrace:
                 {"gen_ai.prompt": json.dumps(list(messages), ensure_ascii=False, default=str)},
             )
         self._context = trace.set_span_in_context(self.span)
-        self._attempt: Any = None
         self._number = 0
         self._model = route.model
-        self._started = 0.0
-        self._first = False
-        self._chars = 0
         self._next_model = route.model
+        self._pending: int | None = None
         self._open_attempt(time.time_ns())
 
     def headers(self) -> dict[str, str]:
@@ -151,41 +148,45 @@ class AnswerTrace:
     # -- attempts ----------------------------------------------------------------------
 
     def _open_attempt(self, at: int) -> None:
-        self._number += 1
+        """The next attempt begins at ``at`` (its span is made when its outcome is known, with
+        the times it had: an answer from the cache makes none)."""
+        self._pending = at
         self._model = self._next_model
-        self._started = at / 1e9
-        self._first = False
+        self._first_at: int | None = None
         self._chars = 0
-        self._attempt = self.tracing.tracer.start_span(
-            f"attempt {self._number} {self._model}",
-            context=self._context,
-            start_time=at,
-            attributes={"streamres.attempt": self._number, "gen_ai.request.model": self._model},
-        )
 
     def _close_attempt(self, outcome: str, status: int | None, at: int) -> None:
-        span = self._attempt
-        if span is None:
+        began, self._pending = self._pending, None
+        if began is None:
             return
-        span.set_attribute("streamres.outcome", outcome)
-        span.set_attribute("streamres.chars", self._chars)
+        self._number += 1
+        attributes: dict[str, Any] = {
+            "streamres.attempt": self._number,
+            "gen_ai.request.model": self._model,
+            "streamres.outcome": outcome,
+            "streamres.chars": self._chars,
+        }
         if status is not None:
-            span.set_attribute("http.response.status_code", status)
+            attributes["http.response.status_code"] = status
+        if self._first_at is not None:
+            attributes["streamres.time_to_first_token"] = round((self._first_at - began) / 1e9, 6)
+        span = self.tracing.tracer.start_span(
+            f"attempt {self._number} {self._model}",
+            context=self._context,
+            start_time=began,
+            attributes=attributes,
+        )
         if outcome != "ok":
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, outcome))
-        span.end(end_time=at)
-        self._attempt = None
+        span.end(end_time=max(at, began))
 
     # -- events ------------------------------------------------------------------------
 
     def observe(self, ev: Event) -> None:
         now = time.time_ns()
         if ev.type in ("text", "thinking", "tool_call"):
-            if not self._first and self._attempt is not None:
-                self._first = True
-                self._attempt.set_attribute(
-                    "streamres.time_to_first_token", round(now / 1e9 - self._started, 6)
-                )
+            if self._first_at is None:
+                self._first_at = now
             if ev.type == "text":
                 self._chars += len(ev.text)
             return
@@ -201,9 +202,6 @@ class AnswerTrace:
             if ev.type == "fallback" and ev.reason == "circuit_open":
                 # No attempt failed: the one about to go moves to the next model.
                 self._model = self._next_model = ev.to_model
-                if self._attempt is not None:
-                    self._attempt.update_name(f"attempt {self._number} {ev.to_model}")
-                    self._attempt.set_attribute("gen_ai.request.model", ev.to_model)
                 return
             # The attempt failed (one of these events per failure): the next one begins
             # after the backoff, on the same model or the fallback's.
@@ -217,9 +215,13 @@ class AnswerTrace:
 
     def _done(self, ev: DoneEvent, now: int) -> None:
         last = ev.history[-1] if ev.history else None
-        if self._attempt is not None:
-            if last is not None and last.model != self._model:
-                self._attempt.update_name(f"attempt {self._number} {last.model}")
+        if ev.cache:
+            # From the cache, or sharing an identical request's stream: this answer made no
+            # attempt of its own (the shared stream's are in its own trace).
+            self._pending = None
+        else:
+            if last is not None:
+                self._model = last.model
             self._close_attempt("ok", last.status_code if last else None, now)
         span = self.span
         span.set_attribute("gen_ai.response.model", ev.model)
@@ -252,8 +254,8 @@ class AnswerTrace:
 
     def end(self) -> None:
         now = time.time_ns()
-        if self._attempt is not None:  # cancelled by the caller
-            self._close_attempt("cancelled", None, now)
+        if self._pending is not None and now >= self._pending:
+            self._close_attempt("cancelled", None, now)  # the caller left mid-attempt
         self.span.end(end_time=now)
 
 
