@@ -247,7 +247,8 @@ class AnswerTrace:
 
     def failed(self, exc: StreamError) -> None:
         now = time.time_ns()
-        self._close_attempt(exc.reason or type(exc).__name__, exc.status_code, now)
+        if self._pending is not None and now >= self._pending:  # not given up in a backoff
+            self._close_attempt(exc.reason or type(exc).__name__, exc.status_code, now)
         self.span.set_attribute("error.type", type(exc).__name__)
         self.span.set_attribute("streamres.attempts", exc.attempts)
         self.span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(exc)[:200]))
