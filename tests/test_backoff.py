@@ -193,3 +193,43 @@ def test_a_model_switch_waits_the_backoff_of_a_model_that_failed() -> None:
     assert d.action == "switch" and d.delay > 0  # type: ignore[attr-defined]
     d = _decide(Failure("capacity", "busy"), failures=[2, 0], rand=0.999)
     assert d.action == "switch" and d.delay == 0.0  # type: ignore[attr-defined]
+
+
+def test_a_deadline_is_used_not_abandoned() -> None:
+    """An 8 s deadline, a capacity error at 1.3 s, the schedule's next wait 7.7 s (5/15/45 s
+    with jitter): not a give-up with 6.7 s left, but a last try after half of them."""
+    seed = Backoff(initial=5.0, multiplier=3.0, maximum=45.0)
+    assert seed.delay(2, rand=0.999) > 6.7  # the schedule alone would overshoot
+    d = _decide(Failure("capacity", "busy"), failures=[2], backoff=seed, rand=0.999, time_left=6.7)
+    assert d.action == "retry" and d.delay == pytest.approx(3.35)  # type: ignore[attr-defined]
+    # A Retry-After longer than half the time left is kept (the last try still fits).
+    hinted = Failure("capacity", "busy", retry_after=5.0)
+    d = _decide(hinted, failures=[2], backoff=seed, rand=0.999, time_left=6.7)
+    assert d.action == "retry" and d.delay == 5.0  # type: ignore[attr-defined]
+    # Nothing fits: then it gives up, saying why.
+    d = _decide(Failure("capacity", "busy"), failures=[2], backoff=seed, time_left=1.5)
+    assert (d.action, d.error) == ("give_up", "deadline")  # type: ignore[attr-defined]
+
+
+@given(
+    kind=st.sampled_from(["capacity", "rate_limit", "transient", "connection", "stall"]),
+    failures=st.integers(1, 12),
+    time_left=st.floats(2.0, 600.0),
+    rand=st.floats(0.0, 0.999),
+    hint=st.one_of(st.none(), st.floats(0.0, 100.0)),
+    models=st.integers(1, 3),
+)
+def test_no_give_up_while_a_try_still_fits(
+    kind: str, failures: int, time_left: float, rand: float, hint: float | None, models: int
+) -> None:
+    """With no permanent error, no attempt cap, and at least 2 s left, the answer is given up
+    only when the server asked to wait longer than the time left allows a try."""
+    from streamres._core.policy import LAST_TRY
+
+    f = Failure(kind, "busy", retry_after=hint)  # type: ignore[arg-type]
+    seed = Backoff(initial=5.0, multiplier=3.0, maximum=45.0)
+    d = _decide(f, failures=[failures] * models, backoff=seed, rand=rand, time_left=time_left)
+    if d.action == "give_up":  # type: ignore[attr-defined]
+        assert hint is not None and time_left - hint < LAST_TRY
+    else:
+        assert d.delay < time_left  # type: ignore[attr-defined]

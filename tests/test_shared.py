@@ -135,6 +135,11 @@ async def test_weights_and_metrics_are_the_fleets(redis_server: RedisServer) -> 
                 1,
             )
             assert (a.metrics()["b"].requests, b.metrics()["a"].requests) == (0, 0)
+            # The trends are the fleet's too: a's three attempts on a, b's one on b, by bucket.
+            trend_a, trend_b = fleet["a"].trend, fleet["b"].trend
+            assert sum(p.requests for p in trend_a) == 3 and sum(p.requests for p in trend_b) == 1
+            assert sum(p.requests for p in b.metrics()["b"].trend) == 1
+            assert b.metrics()["a"].trend == ()  # b alone never asked a
             from prometheus_client import CollectorRegistry, generate_latest
 
             from streamres.prometheus import register
@@ -143,6 +148,7 @@ async def test_weights_and_metrics_are_the_fleets(redis_server: RedisServer) -> 
             register(a, registry, fleet=True)
             scraped = generate_latest(registry).decode()
             assert 'streamres_requests_total{model="b"} 1.0' in scraped
+            assert 'streamres_last_minute_requests{model="a"} 3.0' in scraped
             async with streamres.Client(routes, **kw) as c:
                 assert c.metrics()["a"].weight == pytest.approx(ours)
         async with streamres.Client(routes) as alone:

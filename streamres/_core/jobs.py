@@ -17,7 +17,8 @@ stopped with Ctrl-C, and started again sends only what is missing. A torn last l
 process died while writing it) is not a record: its request runs again.
 
 When to send (``--when``): ``healthy`` sends new work only while a model the job may use is
-not jammed, and the :class:`Pace` halves the batch's concurrency when answers meet capacity
+not jammed (then one answer at a time finds out when it is back), at half the pace while one is
+degrading, and the :class:`Pace` halves the batch's concurrency when answers meet capacity
 errors (at least one keeps going) and wins one slot back per clean answer — the whole batch
 backs off instead of retrying into a jam. ``always`` sends as fast as the limits allow. A
 :class:`Window` (``22:00-08:00``) holds new work outside the given hours of the local clock.

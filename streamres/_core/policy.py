@@ -17,7 +17,10 @@ The rules, in order:
    Retry-After is longer than the time left, or after ``fallback_after`` consecutive failures;
    a model that has not failed yet is tried at once, one that has failed waits its backoff;
 7. otherwise wait the backoff (never less than Retry-After) and retry the same model;
-8. a wait that would end after the deadline gives up now, rather than sleeping in vain.
+8. a wait that would end after the deadline is cut short to a **last try** that fits — half
+   the time left (never less than Retry-After), when that leaves the attempt at least
+   ``LAST_TRY`` seconds — and only when none fits does the answer give up: an 8 s deadline is
+   not abandoned at 1.3 s because the schedule's next wait was 7.7 s.
 """
 
 from __future__ import annotations
@@ -32,11 +35,15 @@ from streamres._core.classify import Failure
 __all__ = [
     "CONNECT_BACKOFF",
     "CONNECT_TRIES",
+    "LAST_TRY",
     "Decision",
     "connect_timeout",
     "decide",
     "reinterpret",
 ]
+
+#: Seconds a last try must have left after its wait to be worth making (rule 8).
+LAST_TRY = 1.0
 
 #: Tries for a URL that has never answered before it counts as unreachable.
 CONNECT_TRIES = 3
@@ -104,15 +111,27 @@ def decide(
         delay = backoff.delay(failures[nxt], rand=rand) if failures[nxt] else 0.0
         if delay < time_left:
             return Decision("switch", delay=delay, model_index=nxt)
+        last = _last_try(None, time_left)
+        if last is not None:
+            return Decision("switch", delay=last, model_index=nxt)
         return Decision("give_up", error="deadline", why="every model is failing")
     delay = backoff.delay(failures[model_index], rand=rand, hint=hint)
     if delay < time_left:
         return Decision("retry", delay=delay, model_index=model_index)
+    last = _last_try(hint, time_left)
+    if last is not None:
+        return Decision("retry", delay=last, model_index=model_index)
     if hint is not None and hint >= time_left:
         why = f"the server asked to wait {hint:.1f} s but only {time_left:.1f} s remain"
     else:
         why = f"the next retry ({delay:.1f} s away) would come after the deadline"
     return Decision("give_up", error="deadline", why=why)
+
+
+def _last_try(hint: float | None, time_left: float) -> float | None:
+    """Rule 8: the wait of a last try that fits in the time left, or ``None``."""
+    wait = max(hint or 0.0, time_left / 2)
+    return wait if time_left - wait >= LAST_TRY else None
 
 
 def _unreached(

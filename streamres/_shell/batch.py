@@ -158,13 +158,15 @@ def _chain(client: Client, job: Job, models: Mapping[str, Sequence[str]]) -> lis
     return [fleet.routes[i].key for i in chain]
 
 
-def _jammed(client: Client, names: list[str]) -> str:
+def _jammed(client: Client, names: list[str]) -> tuple[str, bool]:
+    """Why new work waits ("" if it need not), and whether a model it may use is degrading."""
     health = client.health()
     known = [n for n in names if n in health]
+    degrading = any(health[n].status == "degrading" for n in known)
     if known and all(health[n].status == "jammed" for n in known):
         reasons = health[known[0]].reasons
-        return f"{', '.join(known)} jammed" + (f" ({reasons[0]})" if reasons else "")
-    return ""
+        return f"{', '.join(known)} jammed" + (f" ({reasons[0]})" if reasons else ""), degrading
+    return "", degrading
 
 
 async def run_batch(
@@ -353,10 +355,15 @@ async def run_batch(
                     minutes = hours.wait(local.tm_hour * 60 + local.tm_min + local.tm_sec / 60)
                     if minutes:
                         reason = f"outside the window (opens in {minutes:.0f} min)"
-                jammed = _jammed(client, names) if not reason and when == "healthy" else ""
+                jammed, degrading = ("", False)
+                if not reason and when == "healthy":
+                    jammed, degrading = _jammed(client, names)
                 # Every model it may use jammed: one answer at a time (the probe that finds
-                # out when health returns), never a stream of them into the jam.
+                # out when health returns), never a stream of them into the jam; one of them
+                # degrading (the early warning): half the pace, before it jams.
                 room = 1 if jammed else run.pace.allowed
+                if degrading and not jammed:
+                    room = max(1, room // 2)
                 if not reason and run.in_flight < room:
                     if run.paused != jammed:
                         run.paused = jammed
