@@ -122,3 +122,13 @@ def test_counts_are_worded_in_the_singular_and_the_plural() -> None:
     got = run("ask", "q", "--faults", "reset@10", "--token-delay", "0")
     assert got.returncode == 0, got.stderr
     assert "2 attempts, 1 resume," in got.stderr and "(s)" not in got.stderr
+
+
+@pytest.mark.parametrize("command", ["proxy", "batch", "chat"])
+def test_verbose_before_any_command_is_no_traceback(command: str) -> None:
+    """``streamres -v COMMAND`` works for every command (a bad value is its one-line usage
+    error, never a traceback from the top-level parser)."""
+    bad = {"proxy": ["--faults", "bogus"], "batch": ["x.jsonl"], "chat": ["--words", "0"]}
+    done = run("-v", command, *bad[command])
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.strip()

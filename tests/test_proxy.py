@@ -296,6 +296,31 @@ async def test_a_request_the_library_refuses_is_a_400_not_a_503(messages: Any) -
     assert "retry-after" not in r.headers
 
 
+async def test_stream_must_be_a_boolean_and_bearer_is_any_case() -> None:
+    """``"stream": "false"`` is a 400 (it is truthy: it would have streamed); the Bearer scheme
+    is case-insensitive, as HTTP says; the request history is bounded."""
+    from streamres.proxy.app import REQUESTS_KEPT
+
+    async with Upstream() as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "clients": [{"name": "ui", "key_env": "UI_KEY"}],
+        }
+        config = parse(raw, {"UI_KEY": "client-secret"})
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+            url = run.url + "/v1/chat/completions"
+            body: dict[str, Any] = {"model": "m", "messages": Q, "stream": "false"}
+            r = await http.post(url, headers={"authorization": "Bearer client-secret"}, json=body)
+            assert r.status_code == 400 and "JSON boolean" in r.json()["error"]["message"]
+            body["stream"] = False
+            for scheme in ("bearer", "BEARER", "Bearer"):
+                r = await http.post(
+                    url, headers={"authorization": f"{scheme} client-secret"}, json=body
+                )
+                assert r.status_code == 200, (scheme, r.text)
+            assert run.proxy.requests.maxlen == REQUESTS_KEPT
+
+
 async def test_a_client_that_goes_away_closes_the_upstream_stream() -> None:
     """Closing the client's stream mid-answer: the upstream sees its stream end at once."""
     async with running(port=0, faults="none", token_delay=0.05) as run:

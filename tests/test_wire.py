@@ -416,3 +416,15 @@ def test_the_internal_parallel_wrapper_is_unwrapped() -> None:
         ("call_9_0", "weather", {"location": "San Francisco"}),
         ("call_9_1", "cityAttractions", {"city": "Rome"}),
     ]
+
+
+def test_other_servers_stop_words_are_openais() -> None:
+    """Together's ``eos`` and TGI's ``eos_token`` are a stop, in the words the README promises."""
+    from streamres._providers.wire import normalise_finish
+
+    assert [normalise_finish(r) for r in ("eos", "eos_token", "stop", "length")] == [
+        "stop",
+        "stop",
+        "stop",
+        "length",
+    ]

@@ -294,9 +294,9 @@ def _proxy_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _proxy(argv: list[str]) -> int:
+def _proxy(argv: list[str], verbose: bool = False) -> int:
     args = _proxy_parser().parse_args(argv)
-    _configure_logs(False)
+    _configure_logs(verbose)
     from streamres import InvalidRequest
     from streamres.proxy import ConfigError, load, serve
     from streamres.proxy.serve import embedded_models, require_server, serve_workers
@@ -333,6 +333,9 @@ def _proxy(argv: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = False
+    while argv[:1] and argv[0] in ("-v", "--verbose"):  # before a command: for every command
+        verbose, argv = True, argv[1:]
     if argv[:1] == ["bench"]:
         from streamres._apps import bench as _bench
 
@@ -340,16 +343,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["chat"]:
         from streamres import chat
 
-        return chat.main(argv[1:], configure=lambda: _configure_logs(False))
+        return chat.main(argv[1:], configure=lambda: _configure_logs(verbose))
     if argv[:1] == ["proxy"]:
-        return _proxy(argv[1:])
+        return _proxy(argv[1:], verbose)
     if argv[:1] == ["batch"]:
         from streamres._apps import batch_cli
 
-        return batch_cli.main(argv[1:], configure=lambda: _configure_logs(False))
+        return batch_cli.main(argv[1:], configure=lambda: _configure_logs(verbose))
     parser = _parser()
     args = parser.parse_args(argv)
-    _configure_logs(args.verbose)
+    _configure_logs(args.verbose or verbose)
     try:
         if args.command == "ask":
             if (args.question is None) == (args.file is None):

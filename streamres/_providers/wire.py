@@ -68,6 +68,10 @@ _FINISH = {
     "pause_turn": "pause",
     "refusal": "content_filter",
     "model_context_window_exceeded": "length",
+    # OpenAI-compatible servers that pass their own words through: Together ("eos"), Hugging
+    # Face TGI ("eos_token"), some vLLM builds ("abort" is not a stop, and stays as it is).
+    "eos": "stop",
+    "eos_token": "stop",
 }
 
 

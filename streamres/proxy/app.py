@@ -20,6 +20,7 @@ closes the upstream stream.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
 import json
@@ -50,6 +51,10 @@ _APIS: dict[str, API] = {
     "/v1/responses": "responses",
 }
 MAX_BODY = 8 * 1024 * 1024
+
+
+#: Requests the proxy remembers (``Proxy.requests``): a long-running proxy's history is bounded.
+REQUESTS_KEPT = 10_000
 
 
 def _caller_trace(headers: dict[str, str]) -> Any:
@@ -115,7 +120,8 @@ class Proxy:
         ]
         #: [path, model, status] of every answer request, in the order they came (the status
         #: is 0 until it is sent).
-        self.requests: list[list[Any]] = []
+        #: The last requests served (path, model, status), for tests and a look: bounded.
+        self.requests: collections.deque[list[Any]] = collections.deque(maxlen=REQUESTS_KEPT)
         self._metrics: Any = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -185,7 +191,8 @@ class Proxy:
         """The client's key and limits (when keys are configured): its state, or refused."""
         if not self.clients:
             return None
-        given = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        given = headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
         state = next(
             (c for c in self.clients if hmac.compare_digest(c.key.key.encode(), given.encode())),
             None,

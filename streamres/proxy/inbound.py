@@ -72,11 +72,15 @@ def _parse(api: API, raw: bytes) -> Call:
     if "stop_sequences" in params:
         params["stop"] = params.pop("stop_sequences")
     options = body.get("stream_options")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        # "false" is truthy: taking it as true would stream to a client that asked not to.
+        raise BadRequest(f"stream must be true or false (a JSON boolean), not {stream!r:.40}")
     return Call(
         api=api,
         model=model,
         messages=messages,
-        stream=bool(body.get("stream")),
+        stream=bool(stream),
         max_tokens=max_tokens,
         params=params,
         include_usage=isinstance(options, Mapping) and bool(options.get("include_usage")),
