@@ -14,7 +14,14 @@ import pytest
 
 import streamres
 from streamres._apps import semantic_eval
-from streamres._core.semantic import Semantic, SemanticIndex, normalise, numbers, split_question
+from streamres._core.semantic import (
+    Semantic,
+    SemanticIndex,
+    differs,
+    normalise,
+    numbers,
+    split_question,
+)
 from streamres._shell.embedder import bundled_model
 from streamres.upstream import Upstream
 
@@ -331,3 +338,50 @@ async def test_a_model_answering_nonsense_costs_the_match_not_the_answer() -> No
             done = await _answer(client, q)
             assert done.text == up.answer(_ask(q)) and done.cache == ""
         assert len(up.requests) == len(questions)
+
+
+GUARDED = [
+    (
+        "Is it safe to take ibuprofen with alcohol?",
+        "Is it not safe to take ibuprofen with alcohol?",
+    ),
+    ("Is it safe to take ibuprofen with alcohol?", "Is it unsafe to take ibuprofen with alcohol?"),
+    ("Convert 5 km to miles", "Convert 5 miles to km"),
+    ("Give me a curry recipe with chicken", "Give me a curry recipe without chicken"),
+    ("Should I stretch before running?", "Should I stretch after running?"),
+    ("美元换人民币的汇率是多少", "人民币换美元的汇率是多少"),
+    ("我能在飞机上带充电宝吗", "我不能在飞机上带充电宝吗"),
+    ("价格含税吗", "价格不含税吗"),
+]
+REPEATS = [
+    ("Why isn't my code working?", "Why is my code not working?"),
+    ("Convert 5 km to miles", "Convert 5 km into miles"),
+    ("Give me a curry recipe without chicken", "Give me a curry recipe that has no chicken"),
+    ("How do I reset my password?", "How can I reset my password?"),
+    ("为什么我的代码不工作", "为什么我的代码不能工作"),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), GUARDED)
+def test_a_negation_an_opposite_or_a_direction_is_another_question(a: str, b: str) -> None:
+    assert differs(normalise(a), normalise(b)) and differs(normalise(b), normalise(a))
+
+
+@pytest.mark.parametrize(("a", "b"), REPEATS)
+def test_the_same_question_with_those_words_is_still_the_same(a: str, b: str) -> None:
+    assert differs(normalise(a), normalise(b)) == ""
+
+
+async def test_the_bundled_model_never_answers_the_opposite_question() -> None:
+    """With the defaults and the bundled model: each question that differs in meaning from one
+    asked before gets its own answer, and true repeats are still answered from the cache."""
+    async with Upstream() as up, _client(up, Semantic()) as client:
+        assert await client.cache_ready()
+        for a, b in GUARDED:
+            await _answer(client, a)
+            assert (await _answer(client, b)).cache == "", (a, b)
+        hits = 0
+        for a, b in REPEATS:
+            await _answer(client, a)
+            hits += (await _answer(client, b)).cache in ("semantic", "hit")
+    assert hits >= 4  # the bundled model's recall on these: the guards let them through

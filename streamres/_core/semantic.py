@@ -13,7 +13,11 @@ are the same question, with or without an embedding model. Otherwise the embeddi
 (vectors are normalised here) must reach the threshold — a stricter one when either question
 has CJK characters, where the bundled model reads less well (README: precision and recall per
 language on a labelled set) — and both questions must hold the same numbers ("HTTP 429" is not
-"HTTP 503", however close their vectors).
+"HTTP 503", however close their vectors) and must not differ in the words that turn a meaning
+round, whatever their vectors say (:func:`differs`): a negation one has and the other lacks
+("safe" / "not safe", "能" / "不能"), one of a pair of opposites ("with" / "without", "include" /
+"exclude", "before" / "after", "more" / "less"…), or the same words in another order around a
+direction ("5 km to miles" / "5 miles to km", "美元换人民币" / "人民币换美元").
 
 This module keeps the index (buckets of questions with their vectors, bounded, oldest first
 out) and answers "which kept question is this one's match, and how close". The shell embeds
@@ -40,6 +44,7 @@ __all__ = [
     "Match",
     "Semantic",
     "SemanticIndex",
+    "differs",
     "has_cjk",
     "normalise",
     "numbers",
@@ -110,6 +115,101 @@ def normalise(text: str) -> str:
 def numbers(text: str) -> tuple[str, ...]:
     """The numbers a question holds, in order (a match must hold the same)."""
     return tuple(_NUMBER.findall(text))
+
+
+_WORD = re.compile(f"[{_CJK}]|[^\\W\\d_]+|\\d+(?:[.,]\\d+)*")
+#: Negations, as normalised text has them (quotes dropped: "isn't" is "isnt").
+_CONTRACTED = (
+    "is",
+    "are",
+    "was",
+    "were",
+    "do",
+    "does",
+    "did",
+    "ca",
+    "could",
+    "wo",
+    "would",
+    "should",
+    "has",
+    "have",
+    "had",
+    "must",
+    "need",
+    "ai",
+)
+_NEGATIONS = frozenset(
+    {"not", "no", "never", "none", "nothing", "nobody", "neither", "nor", "without", "cannot"}
+    | {f"{w}nt" for w in _CONTRACTED}
+)
+_NEGATIONS_CJK = ("不", "没", "無", "无", "非", "别", "別", "未", "勿", "莫")
+#: Words whose opposite turns a question round (either way).
+_OPPOSITES = {
+    frozenset(pair)
+    for pair in (
+        ("with", "without"),
+        ("include", "exclude"),
+        ("including", "excluding"),
+        ("add", "remove"),
+        ("before", "after"),
+        ("above", "below"),
+        ("more", "less"),
+        ("most", "least"),
+        ("increase", "decrease"),
+        ("maximum", "minimum"),
+        ("max", "min"),
+        ("first", "last"),
+        ("safe", "unsafe"),
+        ("possible", "impossible"),
+        ("legal", "illegal"),
+        ("true", "false"),
+        ("enable", "disable"),
+        ("import", "export"),
+        ("buy", "sell"),
+        ("upload", "download"),
+        ("encrypt", "decrypt"),
+        ("encode", "decode"),
+        ("含", "除"),
+        ("加", "减"),
+        ("前", "后"),
+        ("多", "少"),
+        ("大", "小"),
+        ("买", "卖"),
+        ("上", "下"),
+    )
+}
+_OPPOSITE_OF = {w: next(iter(pair - {w})) for pair in _OPPOSITES for w in pair}
+#: Words around which order is meaning: "X to Y", "X into Y", "X than Y", "从X到Y", "X换Y".
+_DIRECTED = frozenset(
+    ("to", "into", "from", "than", "vs", "versus", "per", "in", "到", "换", "转", "比", "成", "对")
+)
+
+
+def _negations(words: list[str]) -> tuple[int, ...]:
+    latin = sum(w in _NEGATIONS for w in words)
+    cjk = sum(w in _NEGATIONS_CJK for w in words)
+    return latin, cjk
+
+
+def differs(a: str, b: str) -> str:
+    """Why two questions alike in their words differ in meaning ("" when nothing says so); both
+    normalised (:func:`normalise`)."""
+    wa, wb = _WORD.findall(a), _WORD.findall(b)
+    if _negations(wa) != _negations(wb):
+        return "a negation one has and the other lacks"
+    sa, sb = set(wa), set(wb)
+    for w in sa - sb:
+        opposite = _OPPOSITE_OF.get(w)
+        if opposite is not None and opposite in sb - sa:
+            return f"{w!r} against {opposite!r}"
+    if _DIRECTED & sa and _DIRECTED & sb:
+        shared = sa & sb - _DIRECTED
+        order_a = [w for w in wa if w in shared]
+        order_b = [w for w in wb if w in shared]
+        if sorted(order_a) == sorted(order_b) and order_a != order_b:
+            return "the same words in another order around a direction"
+    return ""
 
 
 def split_question(
@@ -208,7 +308,7 @@ class SemanticIndex:
         alive: Callable[[str], bool],
     ) -> Match | None:
         """The kept question most like this one whose answer is ``alive``, if it reaches its
-        threshold and holds the same numbers."""
+        threshold, holds the same numbers and does not differ in meaning (:func:`differs`)."""
         normal = normalise(question)
         wanted = numbers(normal)
         unit = _unit(vector)
@@ -220,6 +320,7 @@ class SemanticIndex:
                 kept.vector is None
                 or kept.vector.shape != unit.shape  # another model's vector
                 or kept.numbers != wanted
+                or differs(kept.normal, normal)
                 or not alive(key)
             ):
                 continue
