@@ -321,6 +321,52 @@ async def test_stream_must_be_a_boolean_and_bearer_is_any_case() -> None:
             assert run.proxy.requests.maxlen == REQUESTS_KEPT
 
 
+async def test_health_and_metrics_are_the_operators_once_client_keys_are_set() -> None:
+    """With client keys, ``/health``, ``/metrics`` and the board need the operator key (bearer,
+    or the password of HTTP Basic, which a browser asks for); without an operator key they say
+    how to set one; ``public_health = true`` opens them; a client key is not the operator's."""
+    import base64
+
+    async with Upstream() as up:
+        base = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "clients": [{"name": "ui", "key_env": "UI_KEY"}],
+        }
+        env = {"UI_KEY": "client-secret", "OP_KEY": "op-secret"}
+        setups = {
+            "none": parse(base, env),
+            "keyed": parse({**base, "operator": {"key_env": "OP_KEY"}}, env),
+            "public": parse({**base, "operator": {"public_health": True}}, env),
+        }
+        basic = "Basic " + base64.b64encode(b"anyone:op-secret").decode()
+        got = {}
+        for name, config in setups.items():
+            async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+                for who, auth in (
+                    ("nobody", None),
+                    ("client", "Bearer client-secret"),
+                    ("bearer", "Bearer op-secret"),
+                    ("basic", basic),
+                ):
+                    headers = {"authorization": auth} if auth else {}
+                    statuses = [
+                        (await http.get(run.url + page, headers=headers)).status_code
+                        for page in ("/health", "/metrics", "/")
+                    ]
+                    got[name, who] = statuses
+                r = await http.get(run.url + "/health")
+                if r.status_code == 401:
+                    assert r.headers["www-authenticate"].startswith("Basic")
+                    assert "operator" in r.json()["error"]["message"]
+    shut = [401, 401, 401]
+    assert got["none", "nobody"] == got["none", "bearer"] == shut
+    assert got["keyed", "nobody"] == got["keyed", "client"] == shut
+    assert got["keyed", "bearer"] == got["keyed", "basic"] == [200, 200, 200]
+    assert got["public", "nobody"] == [200, 200, 200]
+    with pytest.raises(ConfigError, match=r"\[operator\]"):
+        parse({**base, "operator": {"key_env": "MISSING"}}, env)
+
+
 async def test_a_client_that_goes_away_closes_the_upstream_stream() -> None:
     """Closing the client's stream mid-answer: the upstream sees its stream end at once."""
     async with running(port=0, faults="none", token_delay=0.05) as run:

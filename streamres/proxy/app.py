@@ -20,6 +20,7 @@ closes the upstream stream.
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import hmac
@@ -52,6 +53,9 @@ _APIS: dict[str, API] = {
 }
 MAX_BODY = 8 * 1024 * 1024
 
+
+#: The pages for operators: behind the operator key once client keys are configured.
+_OPERATOR_PAGES = frozenset({"/", "/health", "/health/stream", "/metrics"})
 
 #: Requests the proxy remembers (``Proxy.requests``): a long-running proxy's history is bounded.
 REQUESTS_KEPT = 10_000
@@ -135,6 +139,17 @@ class Proxy:
             await self._answer(_APIS[path], scope, receive, send)
         elif method == "GET" and path == "/v1/models":
             await _json(send, 200, self._models())
+        elif method == "GET" and path in _OPERATOR_PAGES and not self._operator(scope):
+            message = (
+                "the proxy's health and metrics need the operator key: Authorization: Bearer "
+                "KEY (a browser asks for it as a password)"
+                if self.config.operator_key
+                else "with client keys configured, health and metrics need an operator key: "
+                'set [operator] key_env = "…" (or public_health = true) in routes.toml'
+            )
+            challenge = [(b"www-authenticate", b'Basic realm="streamres operator"')]
+            body = json.dumps({"error": {"message": message}}).encode()
+            await _respond(send, 401, body, "application/json", challenge)
         elif method == "GET" and path == "/health":
             await _json(send, 200, self.health())
         elif method == "GET" and path == "/health/stream":
@@ -145,6 +160,27 @@ class Proxy:
             await _respond(send, 200, BOARD_HTML.encode(), "text/html; charset=utf-8")
         else:
             await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
+
+    def _operator(self, scope: Scope) -> bool:
+        """May this request see the health pages and metrics? Always without client keys (a
+        private proxy) or with ``public_health``; else with the operator key, as a bearer
+        token or as the password of HTTP Basic (what a browser sends for the board)."""
+        config = self.config
+        if not config.clients or config.public_health:
+            return True
+        if not config.operator_key:
+            return False
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        given = token.strip()
+        if scheme.lower() == "basic":
+            try:
+                given = base64.b64decode(given, validate=True).decode().partition(":")[2]
+            except (ValueError, UnicodeDecodeError):
+                return False
+        elif scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(config.operator_key.encode(), given.encode())
 
     # -- answers -------------------------------------------------------------------------
 

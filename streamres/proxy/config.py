@@ -87,6 +87,11 @@ class Config:
     accounts: dict[str, int] = field(default_factory=dict)
     #: Single-flight and the exact cache (``None``: off).
     cache: streamres.Cache | None = None
+    #: The key for ``/health``, ``/metrics`` and the board when client keys are configured
+    #: (``[operator] key_env``), and whether those pages are open to anyone instead
+    #: (``[operator] public_health = true``).
+    operator_key: str | None = None
+    public_health: bool = False
 
 
 _ROUTE_KEYS = {
@@ -193,6 +198,19 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
             cache = streamres.Cache(**fields)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"[cache]: {exc}") from exc
+    operator = raw.get("operator") or {}
+    if not isinstance(operator, Mapping) or set(operator) - {"key_env", "public_health"}:
+        raise ConfigError('[operator]: key_env = "…" (the variable with its key), public_health')
+    operator_key = None
+    if "key_env" in operator:
+        operator_key = environ.get(str(operator["key_env"]))
+        if not operator_key:
+            raise ConfigError(
+                f"[operator]: the environment variable {operator['key_env']} is empty"
+            )
+    public = operator.get("public_health", False)
+    if not isinstance(public, bool):
+        raise ConfigError("[operator]: public_health = true or false")
     policy = raw.get("policy") or {}
     stall = policy.get("stall_timeout", 0)
     return Config(
@@ -205,4 +223,6 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         breaker_recovery=float(policy.get("breaker_recovery", 60.0)),
         accounts=dict(accounts),
         cache=cache,
+        operator_key=operator_key,
+        public_health=public,
     )
