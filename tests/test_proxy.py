@@ -646,3 +646,17 @@ async def test_a_proxy_with_a_semantic_cache_answers_a_question_asked_in_other_w
     for bad in ({"threshold": 2}, {"embed": "x"}, {"routes": "m"}):
         with pytest.raises(ConfigError, match=r"\[cache\]: .*[Ss]emantic"):
             parse({"routes": [{"model": "m"}], "cache": {"semantic": bad}}, {})
+
+
+async def test_a_refusal_that_came_with_a_200_is_not_a_success() -> None:
+    """An upstream that refused in a 200's JSON body: the client gets a 4xx, never a 200; a real
+    4xx keeps its status; capacity stays a 503 with Retry-After."""
+    from streamres.proxy.app import _status_of
+
+    def rejected(code: int | None) -> streamres.StreamError:
+        return streamres.RequestRejected("refused", partial_text="", status_code=code)
+
+    assert _status_of(rejected(200)) == (400, None)
+    assert _status_of(rejected(None)) == (400, None)
+    assert _status_of(rejected(404)) == (404, None)
+    assert _status_of(streamres.AttemptsExhausted("busy", partial_text="")) == (503, 5.0)

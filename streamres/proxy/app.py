@@ -420,8 +420,14 @@ def _status_of(exc: streamres.StreamError) -> tuple[int, float | None]:
     """The HTTP status for an answer that failed before any text, and a Retry-After."""
     if isinstance(exc, streamres.InvalidRequest):
         return 400, None  # the request itself is wrong: retrying cannot help, so no 503
-    if isinstance(exc, streamres.RequestRejected) and exc.status_code and exc.status_code < 500:
-        return exc.status_code, None
+    if isinstance(exc, streamres.RequestRejected):
+        code = exc.status_code
+        if code is not None and 400 <= code < 500:
+            return code, None
+        if code is None or code < 400:
+            # Refused in a body that came with a 200 (some servers send their errors so): a
+            # refusal all the same, never a success; the caller's request is what it refused.
+            return 400, None
     if isinstance(exc, streamres.DeadlineExceeded):
         return 504, None
     if isinstance(exc, streamres.UpstreamUnreachable):
