@@ -470,3 +470,22 @@ async def test_a_held_head_released_between_slow_tokens_does_not_cut_the_stream(
     # (A 50 ms hold releases the head before the repeat is certain: it may show twice.)
     assert text.endswith(up.answer(USER, words=14)[-40:]) and done.finish_reason == "stop"
     assert done.attempts == 2 and [e.reason for e in events if e.type == "resume"] == ["connection"]
+
+
+async def test_a_server_remembered_at_a_url_is_forgotten_when_another_answers_there(
+    upstream: Upstream,
+) -> None:
+    """A URL remembered as llama.cpp's (it continues a final assistant message) and now served
+    by another server: its 200 response says so, and the resume goes by instruct, not by a
+    prefill this server would answer as a new turn."""
+    from streamres._shell.stream import _MEMORY
+
+    _MEMORY.continues.add(upstream.openai_url)
+    try:
+        upstream.faults.push("reset@15")
+        text, _, done = await collect(stream(upstream, "openai"))
+    finally:
+        _MEMORY.continues.discard(upstream.openai_url)
+    assert text == done.text == upstream.answer(USER)
+    assert upstream.requests[1].body["messages"][-1]["role"] == "user"  # instruct: a new turn
+    assert upstream.openai_url not in _MEMORY.continues

@@ -490,6 +490,10 @@ class Answer:
         self.memory.reached.add(at.route.base_url)
         if continues_prefill(headers):
             self.memory.continues.add(at.route.base_url)
+        elif status == 200:
+            # Another server answers at this URL now (a restart, a port used again): what the
+            # last one did no longer says what this one does.
+            self.memory.continues.discard(at.route.base_url)
         try:
             at.inflater = Inflater(
                 headers.get("content-encoding"), limit=self.opts.read_limits.inflate
