@@ -13,7 +13,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from rich.console import Console
@@ -23,12 +23,9 @@ import streamres
 from streamres._apps.cli import plural
 from streamres._apps.cliargs import Parser, positive_int
 from streamres.chat import DEFAULT_MODELS, add_target_arguments, offline_refusal, real_target
-from streamres.chat.app import embedded_faults
-from streamres.upstream import ModelSpec, Upstream
+from streamres.chat.app import embedded
 
 __all__ = ["main", "parser"]
-
-LARGE, SMALL = "demo-large", "demo-small"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,35 +111,16 @@ async def _client(
         async with streamres.Client(routes, account_limits=accounts, **common) as client:
             yield client, {}, names[0]
         return
-    large, small, _ = embedded_faults(args.faults, args.seed)
-    names = list(dict.fromkeys(args.model or [LARGE, SMALL]))
-    if len(names) == 1:
-        names.append(SMALL if names[0] != SMALL else LARGE)
-    models = {names[0]: ModelSpec(faults=large), names[1]: ModelSpec(faults=small)}
-    api: Literal["openai", "anthropic"] = args.provider or "openai"
-    async with Upstream(
-        models=models, token_delay=args.token_delay, ping_interval=0.5, words=args.words
-    ) as up:
-        url = up.openai_url if api == "openai" else up.anthropic_url
-        routes = [
-            streamres.Route(
-                n,
-                provider=api,
-                base_url=url,
-                api_key="demo",
-                family="demo",
-                size=len(names) - i,
-                account="batch",
-            )
-            for i, n in enumerate(names)
-        ]
-        async with streamres.Client(
+    async with (
+        embedded(args, account="batch") as (_, routes, _label),
+        streamres.Client(
             routes,
             account_limits=accounts,
             backoff=streamres.Backoff(initial=0.2, maximum=2),
             **common,
-        ) as client:
-            yield client, {}, names[0]
+        ) as client,
+    ):
+        yield client, {}, routes[0].key
 
 
 class _Plain:
@@ -208,9 +186,10 @@ class _Live:
 def _summary(s: streamres.BatchSummary, out: Callable[[str], None]) -> None:
     out(
         f"{s.answered} answered, {s.failed} failed, {s.skipped} already done, of {s.total} "
-        f"({s.success_rate:.1%} of those tried); {s.attempts} attempts, {s.retries} retries, "
-        f"{s.resumes} resumes, {s.fallbacks} fallbacks; {s.input_tokens} tokens in, "
-        f"{s.output_tokens} out; {s.wall:.1f} s"
+        f"({s.success_rate:.1%} of those tried); {plural(s.attempts, 'attempt')}, "
+        f"{s.retries} {'retry' if s.retries == 1 else 'retries'}, "
+        f"{plural(s.resumes, 'resume')}, {plural(s.fallbacks, 'fallback')}; "
+        f"{s.input_tokens} tokens in, {s.output_tokens} out; {s.wall:.1f} s"
     )
     for ident, line, message in s.failures:
         out(f"  line {line}" + (f" ({ident})" if ident else "") + f": {message}")

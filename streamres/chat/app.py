@@ -414,12 +414,31 @@ async def _client(
         ) as client:
             yield client, None, ", ".join(r.model for r in client.routes)
         return
-    large, small, label = embedded_faults(args.faults, args.seed, args.lang)
-    # --model names the embedded models too: the first is asked first, the next its fallback.
+    async with (
+        embedded(args) as (up, routes, label),
+        streamres.Client(
+            routes,
+            deadline=args.deadline,
+            stall_timeout=args.stall_timeout,
+            backoff=streamres.Backoff(initial=0.5, maximum=5),
+        ) as client,
+    ):
+        yield client, up, label
+
+
+@contextlib.asynccontextmanager
+async def embedded(
+    args: argparse.Namespace, *, account: str | None = None
+) -> AsyncIterator[tuple[Upstream, list[streamres.Route], str]]:
+    """The embedded upstream with the demo's two models and their faults, the routes to them
+    (one family: the first asked first, the second its fallback) and the faults' label.
+    ``--model`` names the embedded models too (also used by ``streamres batch``)."""
+    large, small, label = embedded_faults(args.faults, args.seed, getattr(args, "lang", "en"))
     names = list(dict.fromkeys(args.model or [LARGE, SMALL]))
     if len(names) == 1:
         names.append(SMALL if names[0] != SMALL else LARGE)
     models = {names[0]: ModelSpec(faults=large), names[1]: ModelSpec(faults=small)}
+    provider: Literal["openai", "anthropic"] = args.provider or "openai"
     async with Upstream(
         models=models, token_delay=args.token_delay, ping_interval=0.5, words=args.words
     ) as up:
@@ -432,16 +451,11 @@ async def _client(
                 api_key="demo",
                 family="demo",
                 size=len(names) - i,
+                account=account,
             )
             for i, name in enumerate(names)
         ]
-        async with streamres.Client(
-            routes,
-            deadline=args.deadline,
-            stall_timeout=args.stall_timeout,
-            backoff=streamres.Backoff(initial=0.5, maximum=5),
-        ) as client:
-            yield client, up, label
+        yield up, routes, label
 
 
 def _screen(args: argparse.Namespace) -> Screen:
