@@ -23,6 +23,7 @@ default) with a tracer provider configured globally and the package installed.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -37,6 +38,13 @@ from streamres._shell.extras import installed, require
 __all__ = ["Tracing"]
 
 _SCOPE = "streamres"
+
+
+@functools.cache
+def _otel_installed() -> bool:
+    """Looked up once: each answer asks (``tracing=None``), and a search of the path is not
+    free."""
+    return installed("opentelemetry.trace")
 
 
 def _version() -> str:
@@ -54,7 +62,7 @@ class Tracing:
         if setting is False:
             return
         if setting is None:
-            if not installed("opentelemetry.trace"):
+            if not _otel_installed():
                 return
             from opentelemetry import trace
 
