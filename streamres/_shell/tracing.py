@@ -35,13 +35,13 @@ from streamres._core.events import DoneEvent, Event
 from streamres._fleet.routes import Route
 from streamres._shell.extras import installed, require
 
-__all__ = ["Tracing"]
+__all__ = ["Tracing", "otel_installed", "traced"]
 
 _SCOPE = "streamres"
 
 
 @functools.cache
-def _otel_installed() -> bool:
+def otel_installed() -> bool:
     """Looked up once: each answer asks (``tracing=None``), and a search of the path is not
     free."""
     return installed("opentelemetry.trace")
@@ -62,7 +62,7 @@ class Tracing:
         if setting is False:
             return
         if setting is None:
-            if not _otel_installed():
+            if not otel_installed():
                 return
             from opentelemetry import trace
 

@@ -34,7 +34,8 @@ import anyio
 
 import streamres
 from streamres._core.lanes import NORMAL, parse_priority
-from streamres._shell.extras import install_hint, installed
+from streamres._shell.extras import install_hint
+from streamres._shell.tracing import otel_installed
 from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.config import ClientKey, Config
 from streamres.proxy.inbound import API, BadRequest, Call, parse
@@ -64,7 +65,7 @@ REQUESTS_KEPT = 10_000
 def _caller_trace(headers: dict[str, str]) -> Any:
     """The caller's trace context (W3C ``traceparent``), when it sent one and OpenTelemetry is
     installed; else ``None``."""
-    if "traceparent" not in headers or not installed("opentelemetry.trace"):
+    if "traceparent" not in headers or not otel_installed():
         return None
     from opentelemetry import propagate
 
@@ -122,9 +123,8 @@ class Proxy:
         self.clients = [
             _ClientState(c, tokens=float(c.requests_per_minute or 0)) for c in config.clients
         ]
-        #: [path, model, status] of every answer request, in the order they came (the status
-        #: is 0 until it is sent).
-        #: The last requests served (path, model, status), for tests and a look: bounded.
+        #: [path, model, status] of the last ``REQUESTS_KEPT`` answer requests, in the order
+        #: they came (the status is 0 until it is sent).
         self.requests: collections.deque[list[Any]] = collections.deque(maxlen=REQUESTS_KEPT)
         self._metrics: Any = None
 
