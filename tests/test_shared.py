@@ -448,3 +448,57 @@ async def test_the_retry_budget_is_one_for_every_process(redis_server: RedisServ
                     async for _ in client.stream(Q, model="m", max_attempts=2, deadline=3):
                         pass
         assert len(up.requests) == 3
+
+
+async def test_the_limit_holds_through_a_redis_restart_that_loses_every_lease(
+    redis_server: RedisServer,
+) -> None:
+    """Two answers hold an account's two slots; Redis dies, an answer started meanwhile waits
+    for one of them (this process counts what it holds); Redis comes back **empty**, and the
+    process puts its slots back, so the ones started after still wait their turn. The
+    upstream never serves more than two at once, and every answer is exact."""
+    import coredis
+
+    slots = "streamres:slots:account:acct"
+    async with Upstream(token_delay=0.02, words=60) as up:  # answers of about 1.5 s
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with streamres.Client(
+            [route], account_limits={"acct": 2}, shared=redis_server.url, deadline=60
+        ) as client:
+            texts: list[str] = []
+
+            async def one() -> None:
+                text = ""
+                async for ev in client.stream(Q, model="m"):
+                    if ev.type == "text":
+                        text += ev.text
+                texts.append(text)
+
+            def status() -> streamres.SharedStatus:
+                got = client.shared_status()
+                assert got is not None
+                return got
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(2):
+                    tg.start_soon(one)
+                with anyio.fail_after(10):
+                    while up._counters.in_flight.get("m", 0) < 2:  # noqa: ASYNC110 (the server's)
+                        await anyio.sleep(0.01)
+                redis_server.stop()
+                with anyio.fail_after(10):
+                    while status().connected:
+                        await client._limits.changed(0.1)  # type: ignore[union-attr]
+                tg.start_soon(one)  # while Redis is away: waits for one of the two
+                redis_server.start()  # empty: no persistence
+                with anyio.fail_after(10):
+                    while not status().connected:
+                        await client._limits.changed(0.1)  # type: ignore[union-attr]
+                redis = coredis.Redis.from_url(redis_server.url, decode_responses=True)
+                async with redis:
+                    held = await redis.zcard(slots)
+                for _ in range(3):
+                    tg.start_soon(one)
+            assert held >= 1  # what the process held is back in Redis
+        assert texts == [up.answer(Q, words=60)] * 6
+        assert up.peak_in_flight() <= 2

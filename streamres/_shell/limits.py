@@ -50,7 +50,15 @@ class Slots:
                 self.release()
             raise
 
+    def take(self) -> None:
+        """Count a slot taken elsewhere (a lease of the fleet's, in Redis), whether or not one
+        is free here: ``free`` may go below zero, and slots given back then pay that first."""
+        self.free -= 1
+
     def release(self) -> None:
+        if self.free < 0:  # more were taken than there are: this one pays that back
+            self.free += 1
+            return
         ticket = self.line.pop()
         if ticket is None:
             self.free += 1
@@ -100,6 +108,11 @@ class Limits:
         for sem in taken:
             sem.release()
         return False
+
+    def take(self, route: Route) -> None:
+        """Count a slot of the route taken elsewhere (see :meth:`Slots.take`)."""
+        for sem in self._semaphores(route):
+            sem.take()
 
     def release(self, route: Route) -> None:
         for sem in self._semaphores(route):

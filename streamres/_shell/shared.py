@@ -33,9 +33,11 @@ key prefix (``shared_prefix``, default ``"streamres"``: one prefix per fleet) sh
 The answer cache, when the client has one, is shared too (``shared_cache``).
 
 A stream never waits on Redis longer than ``timeout`` (0.25 s). When Redis is slow or down,
-streams go on with this process's own limits and view: a warning is logged once, every
-model's health says so, and ``Client.shared_status()`` counts the slots taken locally;
-a background check rejoins when Redis answers again. Works with Redis and Valkey through
+streams go on with this process's own limits and view — which count every lease it holds, so
+it keeps to the limit with what it already has: a warning is logged once, every model's health
+says so, and ``Client.shared_status()`` counts the slots taken locally; a background check
+rejoins when Redis answers again, after putting back every slot this process holds (leases
+lost by a Redis that restarted empty, slots taken while it was away). Works with Redis and Valkey through
 coredis (by the author of the ``limits`` library), built on anyio: asyncio and trio alike.
 """
 
@@ -128,6 +130,18 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i, key in ipairs(KEYS) do
   redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
+end
+return 1
+"""
+
+#: A lease put back whatever the count (Redis came back without it): ARGV[1] the lease id,
+#: [2] its ms.
+_REASSERT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now + tonumber(ARGV[2]), ARGV[1])
   redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
 end
 return 1
@@ -346,6 +360,7 @@ class SharedState(Limits):
                 ("extend", _EXTEND),
                 ("release", _RELEASE),
                 ("leave", _LEAVE),
+                ("reassert", _REASSERT),
                 ("share", _SHARE),
                 ("claim", _CLAIM),
                 ("unclaim", _UNCLAIM),
@@ -404,14 +419,19 @@ class SharedState(Limits):
             self.fleet.notes = []
             log.info("streamres.shared_rejoined", url=redact_url(self.url))
 
-    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """One script, bounded in time; ``None`` (and local mode) when Redis does not answer."""
+    async def _call(
+        self, name: str, keys: list[str], args: list[Any], *, rejoining: bool = False
+    ) -> Any:
+        """One script, bounded in time; ``None`` (and local mode) when Redis does not answer.
+        ``rejoining``: sent before this process counts as connected again."""
         self.calls[name] += 1
-        return await self._bounded(lambda: self._scripts[name](keys=keys, args=args))
+        return await self._bounded(
+            lambda: self._scripts[name](keys=keys, args=args), rejoining=rejoining
+        )
 
-    async def _bounded(self, command: Callable[[], Any]) -> Any:
+    async def _bounded(self, command: Callable[[], Any], *, rejoining: bool = False) -> Any:
         """One command, bounded in time; ``None`` (and local mode) when Redis does not answer."""
-        if not self.connected:
+        if not self.connected and not rejoining:
             return None
         try:
             with anyio.fail_after(self.timeout * 2):
@@ -456,6 +476,9 @@ class SharedState(Limits):
         return keys, limits
 
     async def acquire(self, route: Route, seconds: float, priority: int = NORMAL) -> bool:
+        """The fleet's lease in Redis — counted in this process's own limits too, so that
+        when Redis goes away this process goes on with what it already holds counted (it never
+        holds more than the limit on its own)."""
         keys, limits = self._keys(route)
         held = self._held.setdefault(route.key, [])
         if not keys:
@@ -466,8 +489,13 @@ class SharedState(Limits):
         try:
             with anyio.move_on_after(seconds):
                 while True:
-                    if not self.connected:
+                    if not self.connected:  # this process's own limits, until Redis is back
                         ok = await super().acquire(route, seconds, priority)
+                        if ok and self.connected:
+                            # Redis came back while this waited: a slot only this process
+                            # knows of would pass the fleet's limit; wait in its line instead.
+                            super().release(route)
+                            continue
                         if ok:
                             self.local_fallbacks += 1
                             held.append(None)
@@ -479,6 +507,7 @@ class SharedState(Limits):
                     if got == 1:
                         self._leases[lease] = keys
                         held.append(lease)
+                        self.take(route)
                         queued = False
                         return True
                     if got is None:
@@ -493,12 +522,37 @@ class SharedState(Limits):
 
     def release(self, route: Route) -> None:
         held = self._held.get(route.key)
+        if not self._keys(route)[0]:  # no limit on it: nothing was taken
+            if held:
+                held.pop()
+            return
+        # The slots of one route are alike: any one of them goes back (a lease, or a slot
+        # taken while Redis was away).
         lease = held.pop() if held else None
+        super().release(route)
         if lease is None:
-            super().release(route)
             return
         keys = self._leases.pop(lease, [])
         self._post("release", keys, [lease, self._channel, json.dumps({"kind": "slot"})])
+
+    async def _reassert(self) -> bool:
+        """Redis is back (perhaps empty): every slot this process holds is put back in it —
+        the leases it may have lost and the slots taken while it was away — so the fleet's
+        count is true again and new requests wait until it is under the limit."""
+        by_key = {r.key: r for r in self.fleet.routes}
+        for route_key, held in self._held.items():  # no await here: nothing moves meanwhile
+            route = by_key.get(route_key)
+            keys = self._keys(route)[0] if route is not None else []
+            for i, lease in enumerate(held):
+                if lease is None and keys:
+                    held[i] = fresh = uuid.uuid4().hex
+                    self._leases[fresh] = keys
+        for lease, keys in list(self._leases.items()):
+            if lease in self._leases:  # not released while the others were sent
+                got = await self._call("reassert", keys, [lease, int(LEASE * 1000)], rejoining=True)
+                if got is None:
+                    return False  # gone again: the next check tries once more
+        return True
 
     def _post(self, name: str, keys: list[str], args: list[Any]) -> None:
         with contextlib.suppress(anyio.WouldBlock):
@@ -532,6 +586,10 @@ class SharedState(Limits):
                     with anyio.fail_after(self.timeout * 2):
                         await self._redis.ping()
                 except Exception:
+                    continue
+                # The slots this process holds go back first: until they are counted, new
+                # requests here keep to the local limits, and elsewhere wait for them.
+                if not await self._reassert():
                     continue
                 self._back()
                 await self._load_state()
