@@ -502,3 +502,43 @@ async def test_the_limit_holds_through_a_redis_restart_that_loses_every_lease(
             assert held >= 1  # what the process held is back in Redis
         assert texts == [up.answer(Q, words=60)] * 6
         assert up.peak_in_flight() <= 2
+
+
+async def test_a_redis_out_of_memory_is_one_outage_not_a_flapping_one(
+    redis_server: RedisServer,
+) -> None:
+    """Redis full (``maxmemory`` with ``noeviction``: writes refused, pings answered): the
+    process goes to its own limits once and stays there — one warning, not one a second — and
+    rejoins when Redis takes writes again."""
+    import coredis
+    from structlog.testing import capture_logs
+
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        redis = coredis.Redis.from_url(redis_server.url, decode_responses=True)
+        async with (
+            redis,
+            streamres.Client([route], account_limits={"acct": 2}, shared=redis_server.url) as c,
+        ):
+            status = c.shared_status
+            with capture_logs() as logs:
+                await redis.set("ballast", "x" * 2_000_000)
+                await redis.config_set({"maxmemory": "1mb", "maxmemory-policy": "noeviction"})
+                with anyio.fail_after(10):
+                    while status().connected:  # type: ignore[union-attr]
+                        await c._limits.changed(0.1)  # type: ignore[union-attr]
+                # Three rejoin checks' worth of time: still away, still one warning.
+                with anyio.move_on_after(3.5):
+                    while not status().connected:  # type: ignore[union-attr]
+                        await c._limits.changed(0.1)  # type: ignore[union-attr]
+                assert not status().connected  # type: ignore[union-attr]
+                await redis.delete(["ballast"])
+                await redis.config_set({"maxmemory": "0"})  # room again
+                with anyio.fail_after(10):
+                    while not status().connected:  # type: ignore[union-attr]
+                        await c._limits.changed(0.1)  # type: ignore[union-attr]
+            async for _ in c.stream(Q, model="m"):
+                pass
+    events = [e["event"] for e in logs]
+    assert events.count("streamres.shared_unavailable") == 1, events
+    assert events.count("streamres.shared_rejoined") == 1

@@ -36,9 +36,10 @@ A stream never waits on Redis longer than ``timeout`` (0.25 s). When Redis is sl
 streams go on with this process's own limits and view — which count every lease it holds, so
 it keeps to the limit with what it already has: a warning is logged once, every model's health
 says so, and ``Client.shared_status()`` counts the slots taken locally; a background check
-rejoins when Redis answers again, after putting back every slot this process holds (leases
-lost by a Redis that restarted empty, slots taken while it was away). Works with Redis and Valkey through
-coredis (by the author of the ``limits`` library), built on anyio: asyncio and trio alike.
+rejoins when Redis takes writes again (a Redis out of memory still answers pings), after
+putting back every slot this process holds (leases lost by a Redis that restarted empty, slots
+taken while it was away). Works with Redis and Valkey through coredis (by the author of the
+``limits`` library), built on anyio: asyncio and trio alike.
 """
 
 from __future__ import annotations
@@ -582,9 +583,9 @@ class SharedState(Limits):
         while True:
             await anyio.sleep(1.0)
             if not self.connected:
-                try:
+                try:  # a write, not a ping: a Redis out of memory answers pings
                     with anyio.fail_after(self.timeout * 2):
-                        await self._redis.ping()
+                        await self._redis.set(f"{self.prefix}:alive:{self.id}", "1", px=3000)
                 except Exception:
                     continue
                 # The slots this process holds go back first: until they are counted, new
