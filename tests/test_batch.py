@@ -318,3 +318,37 @@ def test_the_command_lists_bad_lines_and_exits_1(tmp_path: Path) -> None:
     bad = _batch("in.jsonl", "-o", "o.jsonl", "--window", "25:00-1", cwd=tmp_path)
     _, err = bad.communicate(timeout=60)
     assert bad.returncode == 2 and "HH:MM-HH:MM" in err and "Traceback" not in err
+
+
+async def test_a_window_holds_new_work_until_it_opens(tmp_path: Path) -> None:
+    """Outside ``--window`` the batch says it waits and sends nothing; once the clock is in the
+    window, it runs."""
+    import time as _time
+
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text("\n".join(_lines(3)) + "\n")
+    day = _time.localtime()
+    before = _time.mktime((day.tm_year, day.tm_mon, day.tm_mday, 1, 59, 0, 0, 0, -1))
+    now = [before]
+    seen: list[streamres.BatchProgress] = []
+
+    def progress(p: streamres.BatchProgress) -> None:
+        seen.append(p)
+        if p.paused.startswith("outside the window"):
+            now[0] = before + 30 * 60  # 02:29: the window is open
+
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client([route]) as client:
+            summary = await streamres.run_batch(
+                client,
+                requests,
+                results,
+                window="02:00-03:00",
+                on_progress=progress,
+                clock=lambda: now[0],
+            )
+            paused = next(p for p in seen if p.paused)
+            assert paused.paused == "outside the window (opens in 1 min)"
+            assert paused.in_flight == 0 and len(up.requests) == 3
+    assert summary.answered == 3

@@ -197,6 +197,7 @@ async def run_batch(
     requests' model names to route names (aliases); ``model`` is the model of the lines that
     name none (default: the client picks by weight, so the answering model may differ from
     run to run). Bad lines are reported in the summary with their numbers; the rest run.
+    ``clock``: the wall clock (seconds since the epoch) the window is read by.
     """
     if concurrency is not None and (
         isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
