@@ -117,6 +117,25 @@ def test_redactor_masks_keys_wherever_they_appear() -> None:
     assert "pw12345" not in out and "s3cret" not in out and "abc" in "abc"
 
 
+@given(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=20, max_size=60),
+    st.text(max_size=12),
+)
+def test_a_key_echoed_in_upper_case_or_base64_is_masked(key: str, before: str) -> None:
+    """An echo of the key in upper case, or base64-encoded after any prefix (a rebuilt
+    ``Authorization: Basic user:key``), never shows the key: what is left of the encoded text
+    decodes to at most a couple of its characters."""
+    import base64
+
+    r = Redactor([key])
+    assert key.upper() not in r.redact(f"Incorrect API key: {key.upper()}")
+    encoded = base64.b64encode(f"{before}{key}".encode()).decode()
+    masked = r.redact(f"Basic {encoded}")
+    assert "[redacted]" in masked
+    left = max(masked.removeprefix("Basic ").split("[redacted]"), key=len)
+    assert len(left) <= len(base64.b64encode(before.encode())) + 4
+
+
 def test_redact_url_and_its_secrets() -> None:
     """user:password@ and secret query parameters are found and masked; the rest stays."""
     url = "https://user:PW@host:8443/v1?api-version=2024&api-key=K123"

@@ -3,12 +3,13 @@
 An upstream may echo the key it was sent in an error body ("Incorrect API key provided:
 sk-abc…"), and a base URL may carry credentials (``https://user:KEY@host/v1``,
 ``?api-key=KEY``). streamres knows every secret it sends, so it removes each of them, wherever
-it appears, from any text it shows or logs: the key itself, however the server quoted it, and
-the credentials of a URL.
+it appears, from any text it shows or logs: the key itself, however the server quoted it (in
+any case, shortened to its head or tail, or base64-encoded), and the credentials of a URL.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlsplit
@@ -60,9 +61,22 @@ class Redactor:
         for s in list(found):
             if len(s) >= 20:
                 found.update((s[:12], s[-8:]))
+        # A server may echo the key encoded: as the base64 of an ``Authorization: Basic``
+        # header it rebuilt (``user:key``), or of the key alone. Whatever comes before it, the
+        # key's bytes fall at one of three offsets in base64's groups of three; for each, the
+        # characters made of the key's bytes alone are a secret.
+        for s in [s for s in found if len(s) >= 12]:
+            raw = s.encode()
+            for offset in range(3):
+                encoded = base64.b64encode(b"\0" * offset + raw).decode()
+                whole = 4 * ((offset + len(raw)) // 3)  # groups of key bytes only at the end
+                found.add(encoded[(0, 2, 3)[offset] : whole])
         alternatives = sorted(found, key=len, reverse=True)
+        # Case folded too: an echo in upper case ("SK-ABC…") is the same key.
         self._pattern = (
-            re.compile("|".join(re.escape(s) for s in alternatives)) if alternatives else None
+            re.compile("|".join(re.escape(s) for s in alternatives), re.IGNORECASE)
+            if alternatives
+            else None
         )
 
     def redact(self, text: str) -> str:
