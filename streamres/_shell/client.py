@@ -341,7 +341,7 @@ class Client:
         return self.fleet.fleet_metrics([self.fleet.exported(now), *state.others], now)
 
     def health(self) -> dict[str, Health]:
-        """Which models are healthy, degraded or jammed, and why."""
+        """Which models are healthy, degraded, degrading or jammed, and why."""
         return {name: m.health for name, m in self.metrics().items()}
 
 
