@@ -460,7 +460,7 @@ async def test_the_limit_holds_through_a_redis_restart_that_loses_every_lease(
     import coredis
 
     slots = "streamres:slots:account:acct"
-    async with Upstream(token_delay=0.02, words=60) as up:  # answers of about 1.5 s
+    async with Upstream(token_delay=0.02, words=120) as up:  # answers of 2.5 s and more
         route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
         async with streamres.Client(
             [route], account_limits={"acct": 2}, shared=redis_server.url, deadline=60
@@ -500,7 +500,7 @@ async def test_the_limit_holds_through_a_redis_restart_that_loses_every_lease(
                 for _ in range(3):
                     tg.start_soon(one)
             assert held >= 1  # what the process held is back in Redis
-        assert texts == [up.answer(Q, words=60)] * 6
+        assert texts == [up.answer(Q, words=120)] * 6
         assert up.peak_in_flight() <= 2
 
 
