@@ -54,6 +54,15 @@ WORKER = textwrap.dedent(
 )
 
 
+async def _text(client: streamres.Client) -> str:
+    """One answer's text, streamed from model ``m``."""
+    text = ""
+    async for ev in client.stream(Q, model="m"):
+        if ev.type == "text":
+            text += ev.text
+    return text
+
+
 async def _workers(url: str, shared: str, workers: int, streams: int) -> list[str]:
     async def run(out: list[str]) -> None:
         done = await anyio.run_process(
@@ -184,11 +193,7 @@ async def test_streams_go_on_when_redis_goes_away_and_rejoin(redis_server: Redis
             texts: list[str] = []
 
             async def one() -> None:
-                text = ""
-                async for ev in client.stream(Q, model="m"):
-                    if ev.type == "text":
-                        text += ev.text
-                texts.append(text)
+                texts.append(await _text(client))
 
             async with anyio.create_task_group() as tg:
                 for i in range(12):
@@ -468,11 +473,7 @@ async def test_the_limit_holds_through_a_redis_restart_that_loses_every_lease(
             texts: list[str] = []
 
             async def one() -> None:
-                text = ""
-                async for ev in client.stream(Q, model="m"):
-                    if ev.type == "text":
-                        text += ev.text
-                texts.append(text)
+                texts.append(await _text(client))
 
             def status() -> streamres.SharedStatus:
                 got = client.shared_status()

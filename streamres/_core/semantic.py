@@ -320,13 +320,14 @@ class SemanticIndex:
                 kept.vector is None
                 or kept.vector.shape != unit.shape  # another model's vector
                 or kept.numbers != wanted
-                or differs(kept.normal, normal)
-                or not alive(key)
             ):
                 continue
             score = float(kept.vector @ unit)
-            if score >= semantic.threshold_for(kept.normal, normal) and (
-                best is None or score > best.score
+            if (
+                score >= semantic.threshold_for(kept.normal, normal)
+                and (best is None or score > best.score)
+                and not differs(kept.normal, normal)  # read only for a candidate match
+                and alive(key)
             ):
                 best = Match(key, kept.question, score)
         return best

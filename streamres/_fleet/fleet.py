@@ -16,7 +16,7 @@ from streamres._fleet.balance import RetryBudget, Weight
 from streamres._fleet.breaker import BreakerState, CircuitBreaker
 from streamres._fleet.metrics import ModelMetrics, RouteStats, export, merge, snapshot
 from streamres._fleet.routes import Route, fallback_order, pick_weighted
-from streamres._fleet.trends import Trend, Verdict
+from streamres._fleet.trends import Trend
 
 __all__ = ["HEALTH_KINDS", "MAX_COOLDOWN", "Fleet"]
 
@@ -39,11 +39,10 @@ class _RouteState:
     cooldown_until: float = 0.0
     #: Answers whose delivered tokens are counted when first needed (see ``tokens_later``).
     owed: list[Usage] = field(default_factory=list)
-    #: The last minutes of outcomes (``_fleet/trends``), its last verdict, and the share of
-    #: new traffic the trend leaves the model (×0.7 per outcome while degrading, back by a
-    #: quarter of the gap per outcome once not).
+    #: The last minutes of outcomes (``_fleet/trends``), and the share of new traffic the
+    #: trend leaves the model (×0.7 per outcome while degrading, back by a quarter of the gap
+    #: per outcome once not).
     trend: Trend = field(default_factory=Trend)
-    verdict: Verdict = field(default_factory=lambda: Verdict(False))
     share: float = 1.0
     #: The breaker's last changes: (when, the state it went to).
     changes: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=16))
@@ -173,8 +172,7 @@ class Fleet:
 
     def _steer(self, s: _RouteState, now: float) -> None:
         """Move the model's share of new traffic with its trend (see ``_fleet/trends``)."""
-        s.verdict = s.trend.verdict(now)
-        if s.verdict.degrading and self.steering:
+        if self.steering and s.trend.verdict(now).degrading:
             s.share = max(_SHARE_FLOOR, s.share * _SHARE_PENALTY)
         else:
             s.share = min(1.0, s.share + (1.0 - s.share) * _SHARE_RESTORE)

@@ -158,7 +158,7 @@ def _chain(client: Client, job: Job, models: Mapping[str, Sequence[str]]) -> lis
     return [fleet.routes[i].key for i in chain]
 
 
-def _jammed(client: Client, names: list[str]) -> tuple[str, bool]:
+def _health_gate(client: Client, names: list[str]) -> tuple[str, bool]:
     """Why new work waits ("" if it need not), and whether a model it may use is degrading."""
     health = client.health()
     known = [n for n in names if n in health]
@@ -358,7 +358,7 @@ async def run_batch(
                         reason = f"outside the window (opens in {minutes:.0f} min)"
                 jammed, degrading = ("", False)
                 if not reason and when == "healthy":
-                    jammed, degrading = _jammed(client, names)
+                    jammed, degrading = _health_gate(client, names)
                 # Every model it may use jammed: one answer at a time (the probe that finds
                 # out when health returns), never a stream of them into the jam; one of them
                 # degrading (the early warning): half the pace, before it jams.
