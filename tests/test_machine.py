@@ -35,6 +35,7 @@ from streamres._core.machine import (
     READ,
     Acquire,
     Answer,
+    Count,
     Fail,
     Finish,
     Load,
@@ -87,6 +88,8 @@ class Run:
     t: float
     #: The fake time at which each event came out.
     times: list[float] = field(default_factory=list)
+    #: Characters each ``Count`` counted off the event loop.
+    counts: list[int] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -178,6 +181,7 @@ def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_0
     times: list[float] = []
     sends: list[Send] = []
     reads: list[tuple[float, bytes | None]] = []
+    counts: list[int] = []  # characters counted off the loop, one entry per Count
     body = b""
     act: object = m.start_answer(t)
     for _ in range(max_steps):
@@ -185,7 +189,7 @@ def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_0
         times += [t] * len(m.events)
         m.events = []
         if isinstance(act, Finish | Fail):
-            return Run(events, act, sends, t, times)
+            return Run(events, act, sends, t, times, counts)
         if act is READ:
             at, data = reads.pop(0)
             if at > m.read_deadline:
@@ -208,6 +212,10 @@ def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_0
             act = m.acquired(True, t, queued=0.0)
         elif isinstance(act, Load):
             act = m.loaded("approximate", approximate_tokens, t)
+        elif isinstance(act, Count):
+            counts.append(act.ledger.pending)
+            act.ledger.settle()
+            act = m.counted(t)
         elif isinstance(act, ReadBody):
             act = m.body(body, min(t, act.until), wall=0.0)
         elif isinstance(act, Send):

@@ -12,6 +12,7 @@ each as a method call with the time, and every call returns the next *action* fo
     Acquire(route, until)  take a concurrency slot on a route and its account
     Reserve()              take a ticket from a retry budget shared between processes
     Load(model)            load the token encoding for ``model`` (off the event loop)
+    Count(ledger)          count a long answer's tokens (off the event loop); ``counted``
     Send(request, ...)     open the HTTP stream; report ``started`` or ``send_failed``
     ReadBody(until)        read the start of a body that is not an event stream; ``body``
     READ                   read the next bytes before ``read_deadline``; ``data``, ``eof``,
@@ -35,7 +36,13 @@ from the retry budget; ``over`` records the outcome with the fleet (breaker, wei
 and settles the books; ``account`` counts tokens; a failure goes to the policy
 (:func:`~streamres._core.policy.decide`), the single pure function that says what happens after any
 failure. Every step that needs a token count first makes sure the encoding is loaded: it
-returns ``Load`` and runs again when the shell reports ``loaded``.
+returns ``Load`` and runs again when the shell reports ``loaded``; a long answer's count is
+made the same way, off the event loop (``Count``, then ``counted``).
+
+An answer is bounded whatever the server sends: past ``ReadLimits.answer`` characters, or
+past ``max_tokens`` counted in UTF-8 bytes as it streams (``bounds.token_bytes``), what fits
+is delivered and the answer ends there, complete, with ``finish_reason="length"``; the rest of
+the stream is not read.
 
 A resumed attempt's text goes through the de-duplicator, which records how it was joined
 (``JOINS``: prefill, de-duplicated, restart removed, diverged; the done event reports the most
@@ -60,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from streamres._core.backoff import after_hint
+from streamres._core.bounds import token_bytes
 from streamres._core.classify import (
     Failure,
     classify_not_a_stream,
@@ -101,7 +109,7 @@ from streamres._core.policy import connect_timeout, decide, reinterpret
 from streamres._core.redact import Redactor, redact_url, url_secrets
 from streamres._core.sse import SSEDecoder
 from streamres._core.stall import StallTimer
-from streamres._core.tokens import Counter, TokenLedger, token_starts
+from streamres._core.tokens import ON_LOOP, Counter, TokenLedger, token_starts
 from streamres._core.wording import (
     busy_message,
     fallback_message,
@@ -121,6 +129,7 @@ __all__ = [
     "Acquire",
     "Action",
     "Answer",
+    "Count",
     "Fail",
     "Finish",
     "Load",
@@ -163,6 +172,14 @@ class Load:
     """Load the token encoding for ``model`` off the event loop; report ``loaded``."""
 
     model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """Count the text ``ledger`` holds off the event loop (``ledger.settle()`` in a worker
+    thread); report ``counted``. Asked for a long answer only (``tokens.ON_LOOP``)."""
+
+    ledger: TokenLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +230,7 @@ class Fail:
     error: StreamError
 
 
-Action = Wait | Acquire | Reserve | Load | Send | ReadBody | _Read | Finish | Fail
+Action = Wait | Acquire | Reserve | Load | Count | Send | ReadBody | _Read | Finish | Fail
 
 
 # -- what the machine is given ---------------------------------------------------------------
@@ -378,6 +395,11 @@ class Answer:
         self.read_deadline = 0.0
         self.parts: list[str] = []
         self.chars = 0
+        #: Characters the answer may still deliver (``ReadLimits.answer``), and UTF-8 bytes
+        #: (from ``max_tokens``, counted as it streams); which bound cut it, once one did.
+        self.room = opts.read_limits.answer
+        self.byte_room = token_bytes(opts.max_tokens)
+        self.cut: Literal["", "characters", "max_tokens"] = ""
         self.ledger: TokenLedger | None = None
         self.encoding = ""
         self.count: Counter | None = None
@@ -462,6 +484,10 @@ class Answer:
         self._loaded[self._loading] = (encoding, count)
         if self.count is None:
             self.encoding, self.count = encoding, count
+        return self._then(now)
+
+    def counted(self, now: float) -> Action:
+        """The ``Count`` is done."""
         return self._then(now)
 
     def acquired(self, ok: bool, now: float, *, queued: float) -> Action:
@@ -613,15 +639,22 @@ class Answer:
         assert self.at is not None, "no attempt in progress"
         return self.at
 
-    def _needs(self, step: Callable[[float], Action]) -> Load | None:
-        """``Load`` (then ``step`` again) when a count is needed and the encoding is not here."""
-        if self.count is not None:
-            return None
-        got = self._encoding(self.model)
-        if got is not None:
+    def _needs(self, step: Callable[[float], Action]) -> Load | Count | None:
+        """Before a count of the delivered tokens: ``Load`` when the encoding is not here,
+        ``Count`` when more text waits to be counted than is counted on the event loop (then
+        ``step`` again)."""
+        if self.count is None:
+            got = self._encoding(self.model)
+            if got is None:
+                return self._load(self.model, step)
             self.encoding, self.count = got
-            return None
-        return self._load(self.model, step)
+        if self.ledger is None:
+            self.ledger = TokenLedger(self.count)
+            self.ledger.add(self.text)
+        if self.ledger.pending > ON_LOOP:
+            self._then = step
+            return Count(self.ledger)
+        return None
 
     def _encoding(self, model: str) -> tuple[str, Counter] | None:
         return self._loaded.get(model) or self.encodings(model)
@@ -644,7 +677,26 @@ class Answer:
         assert self.count is not None
         return self.count(text)
 
+    def _fit(self, text: str) -> str:
+        """What of ``text`` the answer's bounds let through (``ReadLimits.answer`` characters,
+        ``max_tokens`` counted in UTF-8 bytes as it streams); past one, the answer is cut."""
+        if self.cut:
+            return ""
+        if len(text) > self.room:
+            text, self.cut = text[: self.room], "characters"
+        if self.byte_room is not None:
+            size = len(text) if text.isascii() else len(text.encode("utf-8"))
+            if size > self.byte_room:
+                text = text.encode("utf-8")[: self.byte_room].decode("utf-8", "ignore")
+                size, self.cut = len(text.encode("utf-8")), "max_tokens"
+            self.byte_room -= size
+        self.room -= len(text)
+        return text
+
     def _deliver(self, text: str) -> None:
+        text = self._fit(text)
+        if not text:
+            return
         self.parts.append(text)
         self.chars += len(text)
         if self.ledger is not None:
@@ -894,8 +946,30 @@ class Answer:
         if ending:
             at.lingering = fail is None and not at.eof
             return self._over(fail, now)
+        if self.cut:
+            return self._cut_off(at, now)
+        if now >= self.t_end:  # reads that never wait never meet the read timer
+            return self._over(failure("deadline", "the deadline passed mid-stream"), now)
         self.read_deadline = min(self.t_end, self.stall.deadline())
         return READ
+
+    def _cut_off(self, at: _Attempt, now: float) -> Action:
+        """The answer reached a bound (``ReadLimits.answer``, ``max_tokens``): it ends here,
+        complete with ``finish_reason="length"``; the rest of the stream is not read."""
+        at.lingering = False
+        bound = (
+            f"max_tokens={self.opts.max_tokens}"
+            if self.cut == "max_tokens"
+            else f"ReadLimits.answer={self.opts.read_limits.answer}"
+        )
+        log.warning(
+            "streamres.answer_cut",
+            model=at.route.key,
+            chars=self.chars,
+            bound=bound,
+            hint="the server kept sending past the answer's bound; it ends as length",
+        )
+        return self._over(None, now)
 
     def _side(self, at: _Attempt, decoder: StreamDecoder, now: float) -> None:
         """Reasoning and tool calls: the model is working (the stall timer restarts).
@@ -905,11 +979,14 @@ class Answer:
         decoder.generating = False
         for kind, value in decoder.side:
             if kind == "thinking":
-                self.thinking.append(value)
-                self.events.append(ThinkingEvent(value))
+                if value := self._fit(value):
+                    self.thinking.append(value)
+                    self.events.append(ThinkingEvent(value))
             else:
                 at.calls = value
         decoder.side.clear()
+        if decoder.calls and sum(c.size for c in decoder.calls.values()) > self.room:
+            self.cut = "characters"  # tool-call arguments past the bound: no call is whole
 
     def _over(self, fail: Failure | None, now: float) -> Action:
         """The attempt ended (``fail``: how, ``None`` for complete): record the outcome."""
@@ -1037,7 +1114,7 @@ class Answer:
         if dedup is not None:
             self._joined(at, dedup, added)
         self._count_server_tokens(at, dedup)
-        if fail is None and self._ended_at_seam(at, added):
+        if fail is None and not self.cut and self._ended_at_seam(at, added):
             if self.seam_tries < SEAM_TRIES:
                 self.seam_tries += 1
                 fail = at.fail = failure(
@@ -1051,7 +1128,8 @@ class Answer:
             self.history.append(Attempt(at.number, at.route.model, "ok", **fields))
             self.failures[self.pos] = 0
             refusal = "".join(decoder.refusal)
-            finish = "refusal" if refusal else decoder.finish_reason or "stop"
+            finish = "length" if self.cut else decoder.finish_reason or "stop"
+            finish = "refusal" if refusal else finish
             self._lingering = at.lingering
             return self._done(finish, refusal, now)
         self.history.append(

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TAIL", "TokenLedger", "approximate_tokens", "counter_for", "token_starts"]
+__all__ = ["ON_LOOP", "TAIL", "TokenLedger", "approximate_tokens", "counter_for", "token_starts"]
 
 Counter = Callable[[str], int]
 
@@ -100,6 +100,10 @@ def _count_with(encoding: Any) -> Counter:
     return count
 
 
+#: Characters counted where a count is asked for; more are counted in a worker thread, so a
+#: long answer's count never holds up the event loop (64 Ki characters take a few ms).
+ON_LOOP = 1 << 16
+
 #: How much of the delivered text's end is tokenised to find where a resumed head may start.
 TAIL = 512
 
@@ -127,21 +131,31 @@ class TokenLedger:
     2
     """
 
-    __slots__ = ("_count", "_pending", "_tokens")
+    __slots__ = ("_count", "_pending", "_tokens", "pending")
 
     def __init__(self, count: Counter) -> None:
         self._count = count
         self._pending: list[str] = []
         self._tokens = 0
+        #: Characters recorded and not counted yet: past :data:`ON_LOOP`, count them with
+        #: :meth:`settle` in a worker thread (the machine asks its shell to, with ``Count``).
+        self.pending = 0
 
     def add(self, text: str) -> None:
         """Record delivered text (cheap: counting is deferred)."""
         self._pending.append(text)
+        self.pending += len(text)
+
+    def settle(self) -> None:
+        """Count what was recorded since the last count (thread-safe against nothing: call it
+        while nobody adds)."""
+        if self._pending:
+            self._tokens += self._count("".join(self._pending))
+            self._pending.clear()
+            self.pending = 0
 
     @property
     def tokens(self) -> int:
         """Tokens delivered so far (encodes only what arrived since the last call)."""
-        if self._pending:
-            self._tokens += self._count("".join(self._pending))
-            self._pending.clear()
+        self.settle()
         return self._tokens

@@ -121,7 +121,7 @@ class AnthropicDecoder(StreamDecoder):
                 return text_or_none(delta.get("text")) or ""
             self.generating = True
             if dtype == "input_json_delta" and index in self.calls:
-                self.calls[index].arguments.append(text_or_none(delta.get("partial_json")) or "")
+                self.calls[index].add(text_or_none(delta.get("partial_json")) or "")
             elif dtype == "thinking_delta" and index in self._thinking:
                 text = text_or_none(delta.get("thinking")) or ""
                 self._thinking[index]["thinking"] += text
@@ -138,7 +138,7 @@ class AnthropicDecoder(StreamDecoder):
                     requires_close=True,
                 )
                 if block.get("input"):
-                    call.arguments.append(json.dumps(block["input"]))
+                    call.add(json.dumps(block["input"]))
                 self.calls[index] = call
             elif btype == "thinking":
                 self._thinking[index] = {
@@ -153,7 +153,7 @@ class AnthropicDecoder(StreamDecoder):
                 call = self.calls[index]
                 call.closed = True
                 if not call.arguments:
-                    call.arguments.append("{}")  # a tool without parameters, closed whole
+                    call.add("{}")  # a tool without parameters, closed whole
             block = self._thinking.pop(index, None)
             if block is not None and block["signature"]:
                 self.signed_thinking.append(block)

@@ -145,7 +145,7 @@ class OpenAIDecoder(StreamDecoder):
             partial.name = text_or_none(function.get("name")) or partial.name
             arguments = text_or_none(function.get("arguments"))
             if arguments:
-                partial.arguments.append(arguments)
+                partial.add(arguments)
         reason = choice.get("finish_reason")
         if reason:
             if reason == "error":

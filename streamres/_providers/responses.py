@@ -153,7 +153,7 @@ class ResponsesDecoder(StreamDecoder):
             )
             given = item.get("input") if custom else item.get("arguments")
             if given:
-                call.arguments.append(str(given))
+                call.add(str(given))
             self.calls[index] = call
         elif index in self.calls:
             call = self.calls[index]
@@ -162,7 +162,7 @@ class ResponsesDecoder(StreamDecoder):
                 "response.custom_tool_call_input.delta",
             ):
                 self.generating = True
-                call.arguments.append(text_or_none(event.get("delta")) or "")
+                call.add(text_or_none(event.get("delta")) or "")
             elif kind == "response.function_call_arguments.done":
                 call.arguments = [text_or_none(event.get("arguments")) or ""]
             elif kind == "response.custom_tool_call_input.done":

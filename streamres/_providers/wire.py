@@ -89,11 +89,18 @@ class PartialCall:
     id: str = ""
     name: str = ""
     arguments: list[str] = field(default_factory=list)
+    #: Characters of the arguments so far (an answer's bound counts them).
+    size: int = 0
     #: Anthropic closes each block (content_block_stop); a call not closed is not whole.
     requires_close: bool = False
     closed: bool = False
     #: A Responses API custom tool: its input is free text, passed on as a JSON string.
     custom: bool = False
+
+    def add(self, arguments: str) -> None:
+        """A piece of the arguments."""
+        self.arguments.append(arguments)
+        self.size += len(arguments)
 
     def complete_without_close(self) -> ToolCall | None:
         """As :meth:`complete`, but the arguments must be there and parse (no finish reason

@@ -36,6 +36,7 @@ from streamres._core.machine import (
     READ,
     Acquire,
     Answer,
+    Count,
     Fail,
     Finish,
     Load,
@@ -339,6 +340,9 @@ class _Shell:
         if isinstance(act, Load):
             name, count = await _load_counter(act.model)
             return m.loaded(name, count, now())
+        if isinstance(act, Count):
+            await anyio.to_thread.run_sync(act.ledger.settle)
+            return m.counted(now())
         if isinstance(act, Reserve):
             assert isinstance(self.limits, SharedState)
             return m.reserved(await self.limits.reserve_retry(), now())
