@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 #: A response: parts sent in order. ``bytes`` are written as they are (one write each);
 #: ``"reset"`` aborts the connection, ``"hang"`` keeps it open until the test ends, ``"close"``
@@ -151,3 +152,64 @@ def streamed(events: Sequence[bytes], *, gzipped: bool = False) -> list[Part]:
         body = gzip.compress(b"".join(events))
         return [head(extra=[("content-encoding", "gzip")]), chunk(body), END]
     return [head(), *(chunk(e) for e in events), END]
+
+
+# -- a server that never stops ---------------------------------------------------------------
+
+
+@dataclass
+class Endless:
+    """An OpenAI-shaped upstream whose every answer streams ``piece`` forever, one event per
+    write (``gap`` seconds apart; 0: as fast as the socket takes it)."""
+
+    piece: str = "x" * 1000
+    gap: float = 0.0
+    port: int = 0
+    #: Answers being streamed now, and answers whose client closed the stream.
+    streaming: int = 0
+    closed: int = 0
+    #: Set each time a client closes its stream.
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def handle(self, stream: anyio.abc.SocketStream) -> None:
+        buf = b""
+        try:
+            while b"\r\n\r\n" not in buf:
+                buf += await stream.receive(65536)
+            await stream.send(head())
+            event = chunk(openai_chunk(self.piece))
+            self.streaming += 1
+            try:
+                while True:
+                    await stream.send(event)
+                    if self.gap:
+                        await anyio.sleep(self.gap)
+                    else:
+                        await anyio.lowlevel.checkpoint()
+            finally:
+                self.streaming -= 1
+                self.closed += 1
+                self.changed.set()
+                self.changed = anyio.Event()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+
+@asynccontextmanager
+async def endless(piece: str = "x" * 1000, gap: float = 0.0) -> AsyncIterator[Endless]:
+    server = Endless(piece, gap)
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    server.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, server.handle)
+        try:
+            yield server
+        finally:
+            tg.cancel_scope.cancel()

@@ -37,7 +37,7 @@ from streamres._core.lanes import NORMAL, parse_priority
 from streamres._shell.extras import install_hint
 from streamres._shell.tracing import otel_installed
 from streamres.proxy.board import BOARD_HTML
-from streamres.proxy.config import ClientKey, Config
+from streamres.proxy.config import ClientKey, Config, ServerLimits
 from streamres.proxy.inbound import API, BadRequest, Call, parse
 from streamres.proxy.outbound import Writer, error_body
 
@@ -52,8 +52,6 @@ _APIS: dict[str, API] = {
     "/v1/messages": "anthropic",
     "/v1/responses": "responses",
 }
-MAX_BODY = 8 * 1024 * 1024
-
 
 #: The pages for operators: behind the operator key once client keys are configured.
 _OPERATOR_PAGES = frozenset({"/", "/health", "/health/stream", "/metrics"})
@@ -197,7 +195,7 @@ class Proxy:
             return
         try:  # from here on, however the request ends, its key's in-flight count goes back
             try:
-                call = parse(api, await _body(receive))
+                call = parse(api, await _body(receive, self.config.server))
                 chain = self.config.models.get(call.model)
                 if chain is None:
                     raise _Refused(
@@ -215,8 +213,9 @@ class Proxy:
             served[1] = call.model
             status_events = headers.get("x-streamres-status") == "events"
             writer = Writer(call, status_events=status_events)
-            # Answers are shared (cache, single-flight) within a client key, never across.
-            tenant = state.key.name if state is not None else None
+            # Answers are shared (cache, single-flight) within a client key, never across
+            # unless the operator says so.
+            tenant = state.key.name if state and not self.config.cache_shared else None
             parent = _caller_trace(headers)
             await self._run(call, chain, writer, receive, send, served, tenant, priority, parent)
         finally:
@@ -277,8 +276,30 @@ class Proxy:
             tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
             try:
                 await self._relay(call, chain, kwargs, writer, send, served, tenant, parent)
+            except anyio.get_cancelled_exc_class():
+                if not tg.cancel_scope.cancel_called:  # the server stops: the client is here
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                        await self._stopping(call, writer, send, served)
+                raise
             finally:
                 tg.cancel_scope.cancel()
+
+    async def _stopping(self, call: Call, writer: Writer, send: Send, served: list[Any]) -> None:
+        """The proxy is stopping and this answer's grace ran out: say so, after the partial
+        answer (an error event), or as a 503 when nothing was sent yet."""
+        message = (
+            "the proxy is shutting down and this answer did not finish within its grace "
+            "period; the partial answer ends here — ask again"
+        )
+        if served[2] == 200 and call.stream:
+            error = streamres.StreamError(message, reason="shutdown")
+            await send(
+                {"type": "http.response.body", "body": writer.failed(error), "more_body": True}
+            )
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        elif served[2] == 0:
+            served[2] = 503
+            await _error(send, call.api, 503, message, 5.0)
 
     async def _relay(
         self,
@@ -453,20 +474,23 @@ async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
             return
 
 
-async def _body(receive: Receive) -> bytes:
+async def _body(receive: Receive, limits: ServerLimits) -> bytes:
+    """The request body, within ``limits.body_bytes`` and ``limits.body_timeout``."""
     parts: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Refused(400, "the client went away before sending its request")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise _Refused(413, f"the request body is over {MAX_BODY // (1024 * 1024)} MiB")
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
+    with anyio.move_on_after(limits.body_timeout):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Refused(400, "the client went away before sending its request")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limits.body_bytes:
+                raise _Refused(413, f"the request body is over {limits.body_bytes} bytes")
+            parts.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(parts)
+    raise _Refused(408, f"the request body took over {limits.body_timeout:g} s to arrive")
 
 
 async def _start(

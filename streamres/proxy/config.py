@@ -7,6 +7,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     stall_timeout = 0         # 0: adaptive (follows each stream's pace)
     breaker_threshold = 3
     breaker_recovery = 60
+    max_answer_chars = 4194304  # one answer's bound; past it, it ends as "length"
 
     [[routes]]
     name = "gpt"              # the route's key (default: the model)
@@ -26,12 +27,24 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     "https://api.openai.com/v1" = 20
 
     [cache]                   # single-flight and an exact cache (streamres.Cache's fields)
+    shared = false            # true: client keys share answers (each key's own by default)
     ttl = 600
     max_entries = 5000
 
     [cache.semantic]          # questions asked in other words (streamres.Semantic's fields)
     threshold = 0.93
     routes = ["gpt"]
+
+    [server]                  # limits as a server (the defaults; see the README)
+    connections = 10000       # at once; past it, 503
+    idle_timeout = 5          # seconds a kept-alive connection may idle
+    header_timeout = 10       # seconds for a request's line and headers
+    header_bytes = 32768      # and their size, and count
+    headers = 100
+    body_bytes = 8388608      # a request body's size, and seconds for all of it
+    body_timeout = 30
+    write_timeout = 30        # seconds a client may read nothing before it is cut off
+    grace = 10                # seconds answers in flight get when the proxy stops
 
     [[clients]]               # without any, the proxy takes no key (it listens on loopback)
     name = "ui"
@@ -45,6 +58,7 @@ upstream (two models of one family under its fault storm), so the demo runs offl
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
@@ -52,10 +66,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import streamres
+from streamres._core.bounds import ANSWER
 from streamres._core.lanes import NORMAL, parse_priority
 from streamres._shell.extras import install_hint, installed
 
-__all__ = ["ClientKey", "Config", "ConfigError", "load"]
+__all__ = ["ClientKey", "Config", "ConfigError", "ServerLimits", "load"]
 
 
 class ConfigError(ValueError):
@@ -73,6 +88,44 @@ class ClientKey:
     priority: int = NORMAL
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """The proxy's limits as a server (``[server]`` in ``routes.toml``); see the README."""
+
+    #: Connections at once; past it a request gets 503 (uvicorn's ``limit_concurrency``).
+    connections: int = 10_000
+    #: Seconds a kept-alive connection may sit idle between requests.
+    idle_timeout: float = 5.0
+    #: Seconds for a request's line and headers to arrive.
+    header_timeout: float = 10.0
+    #: Bytes of a request's line and headers, and how many headers.
+    header_bytes: int = 32 * 1024
+    headers: int = 100
+    #: Bytes of a request body, and seconds for the whole of it to arrive.
+    body_bytes: int = 8 * 1024 * 1024
+    body_timeout: float = 30.0
+    #: Seconds a client may read nothing of its response before it is cut off.
+    write_timeout: float = 30.0
+    #: Seconds answers in flight get to finish when the proxy stops.
+    grace: int = 10
+
+    def __post_init__(self) -> None:
+        for name, low in (
+            ("connections", 1),
+            ("header_bytes", 1024),
+            ("headers", 8),
+            ("body_bytes", 1024),
+            ("grace", 0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"server.{name} must be an integer >= {low}, not {value!r}")
+        for name in ("idle_timeout", "header_timeout", "body_timeout", "write_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"server.{name} must be a number of seconds > 0, not {value!r}")
+
+
 @dataclass
 class Config:
     routes: list[streamres.Route]
@@ -87,11 +140,18 @@ class Config:
     accounts: dict[str, int] = field(default_factory=dict)
     #: Single-flight and the exact cache (``None``: off).
     cache: streamres.Cache | None = None
+    #: Answers shared across client keys (``[cache] shared = true``); by default each key's
+    #: answers are its own (cache, single-flight and the semantic cache alike).
+    cache_shared: bool = False
+    #: Characters one answer may deliver (``[policy] max_answer_chars``, ``ReadLimits.answer``).
+    max_answer_chars: int = ANSWER
     #: The key for ``/health``, ``/metrics`` and the board when client keys are configured
     #: (``[operator] key_env``), and whether those pages are open to anyone instead
     #: (``[operator] public_health = true``).
     operator_key: str | None = None
     public_health: bool = False
+    #: The proxy's limits as a server (``[server]``).
+    server: ServerLimits = field(default_factory=ServerLimits)
 
 
 _ROUTE_KEYS = {
@@ -179,9 +239,12 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         isinstance(v, int) and v >= 1 for v in accounts.values()
     ):
         raise ConfigError("[accounts]: account names (or base URLs) = positive integers")
-    cache = None
+    cache, shared = None, False
     if "cache" in raw:
         fields = dict(raw["cache"] or {})
+        shared = fields.pop("shared", False)
+        if not isinstance(shared, bool):
+            raise ConfigError("[cache]: shared = true or false")
         try:
             if "semantic" in fields:
                 semantic = dict(fields["semantic"] or {})
@@ -211,8 +274,23 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     public = operator.get("public_health", False)
     if not isinstance(public, bool):
         raise ConfigError("[operator]: public_health = true or false")
+    server = raw.get("server") or {}
+    known = {f.name for f in dataclasses.fields(ServerLimits)}
+    if not isinstance(server, Mapping) or set(server) - known:
+        raise ConfigError(f"[server]: known keys {sorted(known)}")
+    try:
+        limits = ServerLimits(**server)
+    except ValueError as exc:
+        raise ConfigError(f"[server]: {exc}") from None
     policy = raw.get("policy") or {}
     stall = policy.get("stall_timeout", 0)
+    answer = policy.get("max_answer_chars", ANSWER)
+    try:
+        streamres.ReadLimits(answer=answer)
+    except ValueError:
+        raise ConfigError(
+            f"[policy]: max_answer_chars must be an integer >= 1024, not {answer!r}"
+        ) from None
     return Config(
         routes=routes,
         models=models,
@@ -223,6 +301,9 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         breaker_recovery=float(policy.get("breaker_recovery", 60.0)),
         accounts=dict(accounts),
         cache=cache,
+        cache_shared=shared,
+        max_answer_chars=answer,
         operator_key=operator_key,
         public_health=public,
+        server=limits,
     )

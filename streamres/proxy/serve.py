@@ -3,7 +3,9 @@ upstream), the ASGI app over it, and uvicorn serving it on loopback.
 
 uvicorn was chosen by measuring it against hypercorn on the same app (``streamres bench proxy``
 reports both): it adds less time per relayed event. Shutdown is graceful: on SIGINT/SIGTERM the
-server stops accepting, and answers in flight get ``grace`` seconds to finish.
+server stops accepting, and answers in flight get ``[server] grace`` seconds to finish; one
+still streaming then ends with an error event after its partial answer. The server's limits on
+connections (``[server]``) are uvicorn's settings and :mod:`.connections`' protocol.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import anyio
 import streamres
 from streamres._core.redact import redact_url
 from streamres._shell.extras import require
+from streamres._shell.log import log
 from streamres.proxy.app import Proxy
-from streamres.proxy.config import Config, load
+from streamres.proxy.config import Config, ServerLimits, load
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
 
 __all__ = ["Running", "embedded_config", "embedded_models", "require_server", "running", "serve"]
@@ -82,6 +85,7 @@ async def _proxy_app(config: Config, redis: str | None) -> AsyncIterator[Proxy]:
             breaker_recovery=config.breaker_recovery,
             shared=redis,
             cache=config.cache,
+            read_limits=streamres.ReadLimits(answer=config.max_answer_chars),
         ) as client,
     ):
         for route in config.routes:  # token counts are never loaded on an answer's path
@@ -104,6 +108,9 @@ class WorkerApp:
                 if message["type"] == "lifespan.startup":
                     config = load(os.environ["STREAMRES_PROXY_CONFIG"])
                     redis = os.environ.get("STREAMRES_PROXY_REDIS") or None
+                    from streamres.proxy.connections import Guarded
+
+                    Guarded.limits = config.server
                     self.app = await self._stack.enter_async_context(_proxy_app(config, redis))
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
@@ -124,6 +131,9 @@ def serve_workers(config_path: str, redis: str | None, host: str, port: int, wor
     require_server("uvicorn")
     import uvicorn
 
+    limits = load(config_path).server
+    _open_files(limits)
+
     os.environ["STREAMRES_PROXY_CONFIG"] = os.path.abspath(config_path)
     os.environ["STREAMRES_PROXY_REDIS"] = redis or ""
     print(
@@ -140,8 +150,41 @@ def serve_workers(config_path: str, redis: str | None, host: str, port: int, wor
         lifespan="on",
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=10,
+        **_server_settings(limits),
+        http="streamres.proxy.connections:Guarded",  # each worker sets its limits at startup
     )
+
+
+def _server_settings(limits: ServerLimits) -> dict[str, Any]:
+    """uvicorn's own settings for ``limits`` (the rest is :mod:`.connections`)."""
+    return {
+        "limit_concurrency": limits.connections,
+        "timeout_keep_alive": limits.idle_timeout,
+        "timeout_graceful_shutdown": limits.grace,
+    }
+
+
+def _open_files(limits: ServerLimits) -> None:
+    """Raise this process's open-file limit to what ``limits.connections`` need (two sockets
+    per answer: the client's and the upstream's), as far as the hard limit allows."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2 * limits.connections + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < want:
+            log.warning(
+                "streamres.proxy_open_files",
+                connections=limits.connections,
+                open_files=new,
+                hint="the open-file limit (ulimit -n) is under two per connection: lower "
+                "[server] connections or raise the hard limit",
+            )
 
 
 @dataclass
@@ -162,7 +205,6 @@ async def running(
     port: int = 8787,
     faults: str = "storm",
     token_delay: float = 0.02,
-    grace: int = 10,
     server: str = "uvicorn",
     redis: str | None = None,
 ) -> AsyncIterator[Running]:
@@ -179,10 +221,11 @@ async def running(
             )
             config = embedded_config(up)
         app = await stack.enter_async_context(_proxy_app(config, redis))
+        _open_files(config.server)
         runner = (
-            _Uvicorn(app, host, port, grace)
+            _Uvicorn(app, host, port, config.server)
             if server == "uvicorn"
-            else _Hypercorn(app, host, port, grace)
+            else _Hypercorn(app, host, port, config.server)
         )
         stopped = anyio.Event()
 
@@ -202,8 +245,10 @@ async def running(
 
 
 class _Uvicorn:
-    def __init__(self, app: Proxy, host: str, port: int, grace: int) -> None:
+    def __init__(self, app: Proxy, host: str, port: int, limits: ServerLimits) -> None:
         import uvicorn
+
+        from streamres.proxy.connections import guarded
 
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -212,8 +257,9 @@ class _Uvicorn:
                 port=port,
                 lifespan="off",
                 log_level="warning",
-                timeout_graceful_shutdown=grace,
                 access_log=False,
+                http=guarded(limits),
+                **_server_settings(limits),
             )
         )
 
@@ -237,13 +283,16 @@ class _Uvicorn:
 
 
 class _Hypercorn:
-    def __init__(self, app: Proxy, host: str, port: int, grace: int) -> None:
+    def __init__(self, app: Proxy, host: str, port: int, limits: ServerLimits) -> None:
         from hypercorn.config import Config as HConfig
 
         self.app = app
         self.config = HConfig()
         self.config.bind = [f"{host}:{port}"]
-        self.config.graceful_timeout = grace
+        # hypercorn's nearest settings (the head and write limits are uvicorn's, above).
+        self.config.graceful_timeout = limits.grace
+        self.config.keep_alive_timeout = limits.idle_timeout
+        self.config.h11_max_incomplete_size = limits.header_bytes
         self.config.accesslog = None
         self.config.loglevel = "WARNING"
         self._stop = anyio.Event()
