@@ -21,6 +21,7 @@ from streamres._core.stall import FIRST_OUTPUT
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
+from streamres._providers.params import for_provider
 
 __all__ = [
     "KNOWN_ARGUMENTS",
@@ -39,7 +40,9 @@ _DEFAULTS = {
     "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
 }
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-_RESERVED = frozenset({"model", "messages", "stream", "max_tokens", "max_completion_tokens"})
+_RESERVED = frozenset(
+    {"model", "messages", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens"}
+)
 
 
 def _bad(what: str) -> InvalidRequest:
@@ -222,6 +225,14 @@ def check_options(
         raise _bad(f"rng must be a random.Random, not {rng!r:.60}")
     if read_limits is not None and not isinstance(read_limits, ReadLimits):
         raise _bad(f"read_limits must be a streamres.ReadLimits(...), not {read_limits!r:.60}")
+    extra = check_more(more)
+    for i in dict.fromkeys(chain):  # refused before any request, not when a fallback comes
+        route = fleet.routes[i]
+        try:
+            for_provider(route.provider, extra)
+        except ValueError as exc:
+            where = f"route {route.key!r}, {route.provider}, is in this answer's chain"
+            raise _bad(f"{exc} ({where})") from None
     return Options(
         messages=checked,
         fleet=fleet,
@@ -234,7 +245,7 @@ def check_options(
         backoff=backoff or Backoff(),
         fallback_after=fallback_after,
         headers=check_headers(headers),
-        extra_body=check_more(more),
+        extra_body=extra,
         rng=rng or random.Random(),
         read_limits=read_limits or ReadLimits(),
         priority=_priority(priority),

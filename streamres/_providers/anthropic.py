@@ -14,6 +14,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from streamres._core.classify import classify_error_object
+from streamres._providers.params import for_provider
 from streamres._providers.tools import anthropic_messages, anthropic_tools
 from streamres._providers.wire import (
     HttpRequest,
@@ -70,8 +71,15 @@ def build_request(
     }
     if system:
         body["system"] = "\n\n".join(system)
+    extra_body = for_provider("anthropic", extra_body)
     body.update(extra_body)
     body.update(anthropic_tools(extra_body))  # tools written once, in OpenAI's shape
+    if body.pop("parallel_tool_calls", None) is False:  # OpenAI's way of saying one call
+        choice = body.get("tool_choice")
+        body["tool_choice"] = {
+            **(choice if isinstance(choice, dict) else {"type": "auto"}),
+            "disable_parallel_tool_use": True,
+        }
     base = base_url.rstrip("/")
     url = base + ("/messages" if base.endswith("/v1") else "/v1/messages")
     return HttpRequest(url=url, headers=headers, body=body)

@@ -14,6 +14,8 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from streamres._core.classify import classify_error_object
+from streamres._providers.params import for_provider
+from streamres._providers.parts import content_for
 from streamres._providers.tools import openai_tools
 from streamres._providers.wire import (
     HttpRequest,
@@ -47,6 +49,14 @@ def build_request(
     extra_headers: dict[str, str],
 ) -> HttpRequest:
     """The POST the official SDK would send for ``stream=True``."""
+    if any(isinstance(m.get("content"), list) for m in messages):
+        messages = [
+            {**m, "content": content_for("openai", m["content"])}
+            if isinstance(m.get("content"), list)
+            else m
+            for m in messages
+        ]
+    extra_body = for_provider("openai", extra_body)
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,

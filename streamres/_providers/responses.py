@@ -16,6 +16,7 @@ from typing import Any
 
 from streamres._core.classify import classify_error_object
 from streamres._providers.openai import headers
+from streamres._providers.params import for_provider
 from streamres._providers.tools import responses_input, responses_tools
 from streamres._providers.wire import HttpRequest, PartialCall, StreamDecoder, count, text_or_none
 
@@ -36,6 +37,7 @@ def build_request(
     body: dict[str, Any] = {"model": model, "input": responses_input(messages), "stream": True}
     if max_tokens is not None:
         body["max_output_tokens"] = max_tokens
+    extra_body = for_provider("openai-responses", extra_body)
     body.update(extra_body)
     body.update(responses_tools(extra_body))  # function tools are flat in this API
     return HttpRequest(

@@ -26,6 +26,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from streamres._providers.parts import content_for
+
 __all__ = [
     "anthropic_messages",
     "anthropic_tools",
@@ -155,7 +157,7 @@ def anthropic_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
             if isinstance(content, str) and content:
                 blocks.append({"type": "text", "text": content})
             elif isinstance(content, list):
-                blocks.extend(dict(b) for b in content)
+                blocks.extend(content_for("anthropic", content))
             for call in m["tool_calls"]:
                 fn = call.get("function") or {}
                 blocks.append(
@@ -184,7 +186,10 @@ def anthropic_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
             else:
                 out.append({"role": "user", "content": [result]})
         else:
-            out.append({k: v for k, v in m.items() if k not in ("tool_calls", "name")})
+            turn = {k: v for k, v in m.items() if k not in ("tool_calls", "name")}
+            if isinstance(turn.get("content"), list):
+                turn["content"] = content_for("anthropic", turn["content"])
+            out.append(turn)
     return out
 
 
@@ -216,5 +221,8 @@ def responses_input(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
                 }
             )
         else:
-            out.append(dict(m))
+            item = dict(m)
+            if isinstance(item.get("content"), list):
+                item["content"] = content_for("openai-responses", item["content"], str(role))
+            out.append(item)
     return out

@@ -36,7 +36,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     routes = ["gpt"]
 
     [server]                  # limits as a server (the defaults; see the README)
-    connections = 10000       # at once; past it, 503
+    connections = 8192        # at once; past it, 503
     idle_timeout = 5          # seconds a kept-alive connection may idle
     header_timeout = 10       # seconds for a request's line and headers
     header_bytes = 32768      # and their size, and count
@@ -93,7 +93,7 @@ class ServerLimits:
     """The proxy's limits as a server (``[server]`` in ``routes.toml``); see the README."""
 
     #: Connections at once; past it a request gets 503 (uvicorn's ``limit_concurrency``).
-    connections: int = 10_000
+    connections: int = 8192
     #: Seconds a kept-alive connection may sit idle between requests.
     idle_timeout: float = 5.0
     #: Seconds for a request's line and headers to arrive.

@@ -17,8 +17,28 @@ __all__ = ["API", "BadRequest", "Call", "parse"]
 
 API = Literal["openai", "anthropic", "responses"]
 
-#: Parameters every API shares (by its own name) that pass through to the upstream request.
-_PASS = ("temperature", "top_p", "stop", "seed", "tools", "tool_choice", "stop_sequences")
+#: The fields of each API's request the proxy reads itself; every other field passes on to the
+#: upstream (the library converts it for each route's provider, or refuses it there by name).
+_READ: dict[str, frozenset[str]] = {
+    "openai": frozenset(
+        {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens"}
+    ),
+    "anthropic": frozenset({"model", "messages", "system", "stream", "max_tokens"}),
+    "responses": frozenset({"model", "input", "instructions", "stream", "max_output_tokens"}),
+}
+
+#: Fields that name state kept on one server: an answer that falls back or resumes elsewhere
+#: could not honour them, so they are refused.
+_STATEFUL = {
+    "previous_response_id": "send the whole conversation as input instead",
+    "conversation": "send the whole conversation as input instead",
+    "prompt": "send the prompt's text as input instead",
+}
+
+
+#: Content parts that are not text: images and documents, in the Anthropic and Responses shapes
+#: (OpenAI messages pass as they are).
+_MEDIA = ("image", "document", "input_image", "input_file")
 
 
 class BadRequest(ValueError):
@@ -68,9 +88,14 @@ def _parse(api: API, raw: bytes) -> Call:
         max_tokens = body.get("max_output_tokens")
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
         raise BadRequest("the token limit must be a positive integer")
-    params = {k: body[k] for k in _PASS if k in body and body[k] is not None}
-    if "stop_sequences" in params:
-        params["stop"] = params.pop("stop_sequences")
+    for name, instead in _STATEFUL.items():
+        if body.get(name) is not None:
+            raise BadRequest(
+                f"{name} refers to state kept by one server, which an answer that falls back "
+                f"cannot use: {instead}"
+            )
+    read = _READ[api]
+    params = {k: v for k, v in body.items() if k not in read and v is not None}
     options = body.get("stream_options")
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
@@ -123,7 +148,14 @@ def _anthropic_messages(messages: Any, system: Any) -> list[dict[str, Any]]:
             continue
         if not isinstance(content, list):
             raise BadRequest("a message's content must be a string or a list of blocks")
-        text = _text(content)
+        text: Any = _text(content)
+        media = [b for b in content if isinstance(b, Mapping) and b.get("type") in _MEDIA]
+        if media:  # images and documents go on as blocks (converted for each provider)
+            text = [
+                dict(b)
+                for b in content
+                if isinstance(b, Mapping) and b.get("type") in ("text", *_MEDIA)
+            ]
         calls = [b for b in content if isinstance(b, Mapping) and b.get("type") == "tool_use"]
         results = [b for b in content if isinstance(b, Mapping) and b.get("type") == "tool_result"]
         for r in results:
@@ -171,7 +203,13 @@ def _responses_messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message" and isinstance(item.get("role"), str):
             role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": _text(item.get("content"))})
+            content = item.get("content")
+            media = isinstance(content, list) and any(
+                isinstance(p, Mapping) and p.get("type") in _MEDIA for p in content
+            )
+            # Images and files go on as parts (converted for each provider); text as text.
+            parts = list(content) if media and isinstance(content, list) else None
+            out.append({"role": role, "content": parts or _text(content)})
         elif kind == "function_call":
             call = {
                 "id": item.get("call_id"),

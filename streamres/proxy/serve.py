@@ -11,6 +11,7 @@ connections (``[server]``) are uvicorn's settings and :mod:`.connections`' proto
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -131,8 +132,7 @@ def serve_workers(config_path: str, redis: str | None, host: str, port: int, wor
     require_server("uvicorn")
     import uvicorn
 
-    limits = load(config_path).server
-    _open_files(limits)
+    limits = _open_files(load(config_path).server)
 
     os.environ["STREAMRES_PROXY_CONFIG"] = os.path.abspath(config_path)
     os.environ["STREAMRES_PROXY_REDIS"] = redis or ""
@@ -164,27 +164,35 @@ def _server_settings(limits: ServerLimits) -> dict[str, Any]:
     }
 
 
-def _open_files(limits: ServerLimits) -> None:
+def _open_files(limits: ServerLimits) -> ServerLimits:
     """Raise this process's open-file limit to what ``limits.connections`` need (two sockets
-    per answer: the client's and the upstream's), as far as the hard limit allows."""
+    per answer: the client's and the upstream's), as far as the hard limit allows; past that,
+    the limits with as many connections as the files allow (said once, in the log)."""
     try:
         import resource
     except ImportError:  # not on this platform
-        return
+        return limits
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 2 * limits.connections + 256
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-        if new < want:
-            log.warning(
-                "streamres.proxy_open_files",
-                connections=limits.connections,
-                open_files=new,
-                hint="the open-file limit (ulimit -n) is under two per connection: lower "
-                "[server] connections or raise the hard limit",
-            )
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return limits
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):
+        new = soft
+    if new >= want:
+        return limits
+    fits = max(1, (new - 256) // 2)
+    log.warning(
+        "streamres.proxy_open_files",
+        connections=fits,
+        configured=limits.connections,
+        open_files=new,
+        hint="the open-file limit (ulimit -n) allows two files per connection for this many; "
+        "raise the hard limit for more",
+    )
+    return dataclasses.replace(limits, connections=fits)
 
 
 @dataclass
@@ -221,11 +229,11 @@ async def running(
             )
             config = embedded_config(up)
         app = await stack.enter_async_context(_proxy_app(config, redis))
-        _open_files(config.server)
+        limits = _open_files(config.server)
         runner = (
-            _Uvicorn(app, host, port, config.server)
+            _Uvicorn(app, host, port, limits)
             if server == "uvicorn"
-            else _Hypercorn(app, host, port, config.server)
+            else _Hypercorn(app, host, port, limits)
         )
         stopped = anyio.Event()
 
