@@ -397,6 +397,38 @@ def test_a_turn_with_one_whole_and_one_broken_tool_call_is_asked_again() -> None
     assert len(run.requests) == 2 and run.text == FULL
 
 
+def _call(i: int, arguments: str) -> dict[str, Any]:
+    fn = {"name": f"f{i}", "arguments": arguments}
+    return {"index": i, "id": f"c{i}", "type": "function", "function": fn}
+
+
+def _calls_chunk(calls: list[dict[str, Any]], finish: str | None) -> bytes:
+    delta = {"tool_calls": calls}
+    return sse({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+@pytest.mark.parametrize("fourth", ['{"n": 4}', '{"n": '])
+def test_a_repeated_finish_reason_hands_the_calls_over_once_all_or_nothing(fourth: str) -> None:
+    """Some servers repeat finish_reason, with more calls after the first: the turn's calls are
+    handed over once, at its end — all four, or (the fourth broken) none, and the turn asked
+    again; never calls 1-3 and then a resume that forgets them."""
+    body = (
+        _calls_chunk([_call(i, f'{{"n": {i}}}') for i in range(3)], "tool_calls")
+        + _calls_chunk([_call(3, fourth)], "tool_calls")
+        + b"data: [DONE]\n\n"
+    )
+    run = drive(answer(), [Plan(reads=[(0.01, body), (0.01, None)])])
+    if fourth.endswith("}"):
+        (done,) = run.of(DoneEvent)
+        assert [c.name for c in done.tool_calls] == ["f0", "f1", "f2", "f3"]
+        assert [e.name for e in run.of(ToolCallEvent)] == ["f0", "f1", "f2", "f3"]
+        assert len(run.requests) == 1
+    else:
+        assert run.of(RetryEvent)[0].reason == "malformed"
+        assert not run.of(ToolCallEvent)  # none of the four went out before the retry
+        assert len(run.requests) == 2
+
+
 def test_an_abandoned_probe_frees_the_half_open_model() -> None:
     """A stream that is the half-open model's one probe and is closed mid-attempt gives the
     probe back: the next stream may probe at once."""

@@ -34,8 +34,11 @@ ANTHROPIC_OK = (
 
 
 def decode(decoder: StreamDecoder, body: bytes) -> str:
+    """The body's text; at its end, the decoder is asked how it ended (as the machine does),
+    which hands over the turn's tool calls."""
     sse = SSEDecoder()
     text = "".join(decoder.feed(n, d) for n, d in sse.feed(body) + sse.close())
+    decoder.end_failure()
     return text
 
 

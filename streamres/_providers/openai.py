@@ -13,7 +13,7 @@ import re
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
-from streamres._core.classify import classify_error_object
+from streamres._core.classify import Failure, classify_error_object
 from streamres._providers.params import for_provider
 from streamres._providers.parts import content_for
 from streamres._providers.tools import openai_tools
@@ -161,12 +161,21 @@ class OpenAIDecoder(StreamDecoder):
             if reason == "error":
                 self.error = classify_error_object({"message": "the provider ended the stream"})
                 return ""
+            # The turn's tool calls are handed over at its end (end_failure), all at once: some
+            # servers repeat the finish reason, with more calls between.
             self.finish_reason = normalise_finish(reason)
-            self._finish_calls()
         content = delta.get("content")
         if type(content) is list:
             return self._parts(content)
         return text_or_none(content) or ""
+
+    def end_failure(self) -> Failure | None:
+        """As the base's, once the turn's tool calls are handed over (every one, or none)."""
+        if self.finish_reason is not None and self.calls:
+            self._finish_calls()
+            if self.finish_reason is None:  # a call did not arrive whole
+                return self.error
+        return super().end_failure()
 
     def _parts(self, parts: list[Any]) -> str:
         """``content`` as a list of typed parts (Mistral's reasoning models): text parts are
