@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from typing import Any
 
 import anyio
@@ -275,6 +276,25 @@ async def test_a_key_echoed_by_the_server_is_redacted_everywhere() -> None:
     shown = [str(err), err.message, *(a.message for a in err.history), repr(logs)]
     assert all(KEY not in s and KEY[-8:] not in s for s in shown), shown
     assert "[redacted]" in str(err)
+
+
+async def test_a_key_echoed_in_response_headers_is_masked_in_httpcore_s_own_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An application that turns on DEBUG for the HTTP stack: httpcore prints the response's
+    headers, and a server echoing the key in one must not put it in that log."""
+    answer = streamed(openai_answer(WORDS))
+    echoing = [
+        answer[0].replace(b"\r\n\r\n", f"\r\nx-echo: Bearer {KEY}\r\n\r\n".encode()),
+        *answer[1:],
+    ]
+    async with hostile(echoing) as srv:
+        with caplog.at_level(logging.DEBUG, logger="httpcore"):
+            text, _, end = await run(call(srv.url))
+    assert end.type == "done" and text == ANSWER
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("httpcore"))
+    assert "receive_response_headers" in logged and "x-echo" in logged
+    assert KEY not in logged and "[redacted]" in logged
 
 
 async def test_url_credentials_never_reach_messages_or_logs() -> None:

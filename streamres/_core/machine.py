@@ -445,6 +445,7 @@ class Answer:
             r = self.fleet.routes[i]
             secrets += [r.api_key, *url_secrets(r.base_url or "")]
         #: Every secret this answer sends, masked in every message, history entry and log.
+        self.secrets = frozenset(s for s in secrets if s)
         self.redactor = Redactor(secrets)
 
     # -- what the answer is now --------------------------------------------------------------

@@ -15,7 +15,9 @@ from typing import Any
 
 import structlog
 
-__all__ = ["log"]
+from streamres._core.redact import Redactor
+
+__all__ = ["log", "mask_http_logs"]
 
 _std = logging.getLogger("streamres")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
@@ -39,3 +41,47 @@ class _Log:
 
 
 log = _Log()
+
+#: The HTTP stack's own loggers. Their DEBUG records print response headers, which a server
+#: may use to echo the key it was sent.
+_HTTP_LOGGERS = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+)
+
+
+class _Masking(logging.Filter):
+    """Masks the secrets streamres sends in httpx's and httpcore's records. It runs only for
+    records those loggers make, which they make only when the application enabled them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: frozenset[str] = frozenset()
+        self.redactor: Redactor | None = None
+
+    def add(self, secrets: frozenset[str]) -> None:
+        if not secrets <= self.secrets:
+            self.secrets |= secrets
+            self.redactor = Redactor(self.secrets)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.redactor is not None:
+            message = record.getMessage()
+            masked = self.redactor.redact(message)
+            if masked != message:
+                record.msg, record.args = masked, ()
+        return True
+
+
+_masking = _Masking()
+for _name in _HTTP_LOGGERS:
+    logging.getLogger(_name).addFilter(_masking)
+
+
+def mask_http_logs(secrets: frozenset[str]) -> None:
+    """Mask ``secrets`` (keys, URL credentials, secret headers) in the HTTP stack's logs."""
+    _masking.add(secrets)
