@@ -9,6 +9,8 @@ HTTP protocol the proxy serves with, adds those; uvicorn's own settings do the r
   connection (or of its first byte, on a kept-alive connection), be at most ``header_bytes``
   and ``headers`` in number; else ``408`` / ``431``, and the connection is closed. A connection
   that never sends a byte is closed at ``header_timeout`` too (a slowloris holds nothing).
+- **half-close** — a client that shuts its sending side after the request still gets the whole
+  response (uvicorn closes the connection at once).
 - **write** — a client that reads nothing of its response for ``write_timeout`` seconds (the
   socket's buffers are full) is cut off: its answer is cancelled as for a disconnect, so its
   upstream stream and its slots are freed at once.
@@ -53,6 +55,7 @@ class Guarded(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._refused = False  # answered and closing: the parser's callbacks do nothing
+        self._eof = False  # the client sends no more
 
     # -- the request's head ----------------------------------------------------------------
 
@@ -130,6 +133,21 @@ class Guarded(HttpToolsProtocol):
         # The next bytes are the next request's head (uvicorn's keep-alive timer covers the
         # wait for them).
         self._head, self._head_bytes, self._head_count = True, 0, 0
+
+    # -- a client that half-closes ---------------------------------------------------------
+
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio: bool | None
+        """The client shut its sending side (``shutdown(SHUT_WR)``, as some clients do once
+        the request is sent): a request in progress still gets its whole response, then the
+        connection closes. Idle, it closes now."""
+        self._eof = True
+        busy = self.cycle is not None and not self.cycle.response_complete
+        return busy  # True keeps the transport open for the response
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._eof and not self.transport.is_closing():
+            self.transport.close()
 
     # -- the response ----------------------------------------------------------------------
 
