@@ -21,6 +21,7 @@ import pytest
 from streamres.proxy import running
 from streamres.proxy.config import Config, parse
 from streamres.upstream import Upstream
+from tests.conftest import RedisServer
 from tests.hostile import Endless, endless
 
 pytestmark = pytest.mark.anyio
@@ -262,3 +263,56 @@ async def test_the_server_section_is_checked() -> None:
         config("http://127.0.0.1:1/v1", server={"timeout": 3})
     async with Upstream() as up:
         assert config(up.openai_url, server={"connections": 5}).server.connections == 5
+
+
+# -- a client key's limits across the fleet ------------------------------------------------------
+
+
+async def test_a_client_key_s_limits_hold_across_proxies_sharing_redis(
+    redis_server: RedisServer,
+) -> None:
+    """Two proxies on one Redis, a key with max_in_flight = 1 and 3 requests a minute: an
+    answer in flight on one makes the other refuse the key (429), and the minute's requests
+    are counted for both together; without Redis each proxy would allow its own."""
+    async with endless(piece="word " * 50, gap=0.01) as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.url}],
+            "clients": [
+                {
+                    "name": "ui",
+                    "key_env": "UI_KEY",
+                    "max_in_flight": 1,
+                    "requests_per_minute": 3,
+                }
+            ],
+            "policy": {"max_answer_chars": 2000},
+        }
+        cfg = parse(raw, {"UI_KEY": "client-secret"})
+        auth = {"authorization": "Bearer client-secret"}
+        body = {"model": "m", "messages": Q, "stream": True}
+        async with (
+            running(cfg, port=0, redis=redis_server.url) as a,
+            running(cfg, port=0, redis=redis_server.url) as b,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            async with http.stream(
+                "POST", a.url + "/v1/chat/completions", json=body, headers=auth
+            ) as first:
+                assert first.status_code == 200
+                await first.aiter_lines().__anext__()  # streaming on proxy a
+                other = await http.post(b.url + "/v1/chat/completions", json=body, headers=auth)
+                assert other.status_code == 429, other.text
+                assert "1 answers in flight" in other.json()["error"]["message"]
+            # The first answer ended (it was closed): its lease is back, fleet-wide, once
+            # proxy a has seen the close (its own count falls after Redis's).
+            with anyio.fail_after(10):
+                while a.proxy.clients[0].in_flight:
+                    await anyio.sleep(0.005)  # noqa: ASYNC110 (a count, not an event)
+            second = await http.post(b.url + "/v1/chat/completions", json=body, headers=auth)
+            assert second.status_code == 200
+            third = await http.post(a.url + "/v1/chat/completions", json=body, headers=auth)
+            assert third.status_code == 200  # the key's third request this minute
+            fourth = await http.post(b.url + "/v1/chat/completions", json=body, headers=auth)
+            assert fourth.status_code == 429
+            assert "3 requests a minute" in fourth.json()["error"]["message"]
+            assert int(fourth.headers["retry-after"]) >= 1

@@ -40,6 +40,7 @@ from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.config import ClientKey, Config, ServerLimits
 from streamres.proxy.inbound import API, BadRequest, Call, parse
 from streamres.proxy.outbound import Writer, error_body
+from streamres.proxy.quota import FleetQuota
 
 __all__ = ["Proxy"]
 
@@ -125,6 +126,7 @@ class Proxy:
         #: they came (the status is 0 until it is sent).
         self.requests: collections.deque[list[Any]] = collections.deque(maxlen=REQUESTS_KEPT)
         self._metrics: Any = None
+        self._quota: FleetQuota | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -187,8 +189,9 @@ class Proxy:
         state: _ClientState | None = None
         served: list[Any] = [scope["path"], "", 0]
         self.requests.append(served)
+        lease: str | None = None
         try:
-            state = self._admit(headers)
+            state, lease = await self._admit(headers)
         except _Refused as exc:
             served[2] = exc.status
             await _error(send, api, exc.status, str(exc), exc.retry_after)
@@ -220,12 +223,23 @@ class Proxy:
             await self._run(call, chain, writer, receive, send, served, tenant, priority, parent)
         finally:
             if state is not None:
-                state.in_flight -= 1
+                if lease is not None and self._quota is not None:
+                    await self._quota.leave(state.key.name, lease)
+                state.in_flight -= 1  # after the fleet's count: this one is the last word
 
-    def _admit(self, headers: dict[str, str]) -> _ClientState | None:
-        """The client's key and limits (when keys are configured): its state, or refused."""
+    def _fleet_quota(self) -> FleetQuota | None:
+        """Client keys' limits in Redis, when the proxy shares state (``--redis``)."""
+        shared = self.client._shared_state
+        if self._quota is None and shared is not None:
+            lease = self.config.deadline + self.config.server.write_timeout + 30.0
+            self._quota = FleetQuota(shared, lease)
+        return self._quota
+
+    async def _admit(self, headers: dict[str, str]) -> tuple[_ClientState | None, str | None]:
+        """The client's key and limits (when keys are configured): its state and, with shared
+        state, its lease in Redis — or refused."""
         if not self.clients:
-            return None
+            return None, None
         scheme, _, token = headers.get("authorization", "").partition(" ")
         given = headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
         state = next(
@@ -235,6 +249,22 @@ class Proxy:
         if state is None:
             raise _Refused(401, "invalid API key: give one of the proxy's client keys")
         key = state.key
+        quota = self._fleet_quota() if key.max_in_flight or key.requests_per_minute else None
+        if quota is not None:
+            got = await quota.admit(key.name, key.max_in_flight, key.requests_per_minute)
+            if isinstance(got, str):
+                state.in_flight += 1
+                return state, got
+            if got is not None:
+                kind, wait = got
+                raise _Refused(
+                    429,
+                    f"{key.name} has {key.max_in_flight} answers in flight"
+                    if kind == "flight"
+                    else f"{key.name} is over {key.requests_per_minute} requests a minute",
+                    wait,
+                )
+            # Redis does not answer: this process's own counts, below.
         if key.max_in_flight is not None and state.in_flight >= key.max_in_flight:
             raise _Refused(429, f"{key.name} has {key.max_in_flight} answers in flight", 1.0)
         if key.requests_per_minute:
@@ -251,7 +281,7 @@ class Proxy:
                 )
             state.tokens -= 1.0
         state.in_flight += 1
-        return state
+        return state, None
 
     async def _run(
         self,
