@@ -660,3 +660,12 @@ async def test_a_refusal_that_came_with_a_200_is_not_a_success() -> None:
     assert _status_of(rejected(None)) == (400, None)
     assert _status_of(rejected(404)) == (404, None)
     assert _status_of(streamres.AttemptsExhausted("busy", partial_text="")) == (503, 5.0)
+
+    def exhausted(reason: str) -> streamres.StreamError:
+        return streamres.AttemptsExhausted("gave up", partial_text="", reason=reason)
+
+    # 503 and 429 only for capacity; an upstream that broke every attempt is a 502.
+    assert _status_of(exhausted("capacity")) == (503, 5.0)
+    assert _status_of(exhausted("rate_limit")) == (429, 5.0)
+    for broken in ("malformed", "truncated", "stall", "transient", "connection"):
+        assert _status_of(exhausted(broken)) == (502, None), broken

@@ -306,8 +306,8 @@ async def test_a_client_key_s_limits_hold_across_proxies_sharing_redis(
             # The first answer ended (it was closed): its lease is back, fleet-wide, once
             # proxy a has seen the close (its own count falls after Redis's).
             with anyio.fail_after(10):
-                while a.proxy.clients[0].in_flight:
-                    await anyio.sleep(0.005)  # noqa: ASYNC110 (a count, not an event)
+                while a.proxy.clients[0].in_flight:  # noqa: ASYNC110 (a count, not an event)
+                    await anyio.sleep(0.005)
             second = await http.post(b.url + "/v1/chat/completions", json=body, headers=auth)
             assert second.status_code == 200
             third = await http.post(a.url + "/v1/chat/completions", json=body, headers=auth)

@@ -483,7 +483,17 @@ def _status_of(exc: streamres.StreamError) -> tuple[int, float | None]:
         return 504, None
     if isinstance(exc, streamres.UpstreamUnreachable):
         return 502, None
-    return 503, 5.0
+    if exc.reason == "rate_limit":
+        return 429, 5.0
+    if exc.reason in _UPSTREAM_FAULTS:
+        return 502, None  # the upstream broke its answers (not full): a gateway's error
+    return 503, 5.0  # capacity: every model full; come back later
+
+
+#: Failures that are the upstream misbehaving rather than full: a 502 when they end an answer.
+_UPSTREAM_FAULTS = frozenset(
+    {"transient", "connection", "stall", "truncated", "malformed", "ended_at_seam"}
+)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
