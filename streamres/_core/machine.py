@@ -109,7 +109,7 @@ from streamres._core.policy import connect_timeout, decide, reinterpret
 from streamres._core.redact import Redactor, redact_url, url_secrets
 from streamres._core.sse import SSEDecoder
 from streamres._core.stall import StallTimer
-from streamres._core.tokens import ON_LOOP, Counter, TokenLedger, token_starts
+from streamres._core.tokens import ON_LOOP, Counter, TokenLedger, count_long, token_starts
 from streamres._core.wording import (
     busy_message,
     fallback_message,
@@ -676,7 +676,7 @@ class Answer:
         if not text:
             return 0
         assert self.count is not None
-        return self.count(text)
+        return count_long(self.count, text)
 
     def _fit(self, text: str) -> str:
         """What of ``text`` the answer's bounds let through (``ReadLimits.answer`` characters,
@@ -1315,7 +1315,7 @@ class Answer:
 
         def later() -> tuple[str, int]:
             encoding, count = load_now(model)
-            return encoding, count(text) if text else 0
+            return encoding, count_long(count, text) if text else 0
 
         usage = Usage(input_tokens=self.input_tokens, estimated=True, later=later)
         self.fleet.tokens_later(self.index, usage)
