@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -110,6 +111,49 @@ def test_retry_budget() -> None:
     b.deposit(0.5)  # +0.5 refill +0.2 deposit
     assert abs(b.wait(0.5) - 0.3) < 1e-9
     assert b.withdraw(0.8)
+
+
+def test_a_burst_of_first_attempts_banks_the_retries_it_paid_for() -> None:
+    """2,000 first attempts at once earn 400 retries at 20 %, and the bank keeps them (a fixed
+    cap of 10 kept 10): 400 retries go at once, the 401st waits."""
+    b = RetryBudget()
+    for _ in range(2000):
+        b.deposit(0.0)
+    waits = [b.reserve(0.0) for _ in range(401)]
+    assert max(waits[:400]) < 1e-6 and waits[400] > 0.5  # (sums of 0.2 are not exact)
+
+
+def test_the_bank_shrinks_back_when_the_traffic_goes() -> None:
+    """A minute after the burst, with no first attempts, the cap is 10 again."""
+    b = RetryBudget()
+    b.deposit(0.0, attempts=2000)
+    assert b.limit == 400
+    b.wait(60.0)
+    assert b.limit == 10 and b.balance <= 10
+
+
+@pytest.mark.parametrize("rate", [10, 100, 1000])
+def test_a_storm_cannot_multiply_the_load_beyond_the_ratio(rate: int) -> None:
+    """Every request fails and would retry at once: over a minute at ``rate`` first attempts a
+    second, the retries granted stay within 20 % of the first attempts, plus the floor's one a
+    second and the starting balance."""
+    b = RetryBudget()
+    granted = first = 0
+    for tick in range(60 * rate):
+        now = tick / rate
+        b.deposit(now)
+        first += 1
+        while b.withdraw(now):
+            granted += 1
+    assert granted <= 0.2 * first + 60 * 1.0 + 10 + 1e-6
+    assert granted >= 0.2 * first * 0.95  # and what was paid for is there
+
+
+def test_budget_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"RetryBudget\.ratio"):
+        RetryBudget(ratio=-1)
+    with pytest.raises(ValueError, match=r"RetryBudget\.window"):
+        RetryBudget(window=0)
 
 
 def test_fallback_order_prefers_the_smaller_sibling() -> None:

@@ -455,6 +455,25 @@ async def test_the_retry_budget_is_one_for_every_process(redis_server: RedisServ
         assert len(up.requests) == 3
 
 
+async def test_the_fleet_s_budget_banks_what_its_first_attempts_paid_for(
+    redis_server: RedisServer,
+) -> None:
+    """The shared bucket follows the same rule as one process's: 2,000 first attempts across
+    the fleet bank 400 retries (the cap grows with them), the 401st waits."""
+    import coredis
+
+    from streamres._shell.shared import _BUDGET
+
+    async with coredis.Redis.from_url(redis_server.url, decode_responses=True) as redis:
+        script = redis.register_script(_BUDGET)
+        args = [0.2, 1.0, 10.0, 10.0, 10.0]  # ratio, floor, cap, initial balance, window
+        await script(keys=["b:budget"], args=["deposit", *args, 2000])
+        waits = [
+            float(await script(keys=["b:budget"], args=["reserve", *args])) for _ in range(401)
+        ]
+    assert max(waits[:400]) < 1e-3 and waits[400] > 0.5
+
+
 async def test_the_limit_holds_through_a_redis_restart_that_loses_every_lease(
     redis_server: RedisServer,
 ) -> None:

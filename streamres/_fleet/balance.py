@@ -7,8 +7,13 @@ times its base: a jammed model keeps a trickle of traffic and can prove it recov
 
 Retry budget (no retry storms): a token bucket. Every first attempt deposits ``ratio`` tokens
 (0.2: retries may add at most 20 % to the first attempts), a ``floor`` rate (1 token/s) keeps a
-quiet client able to retry at all, and the balance is capped at ``cap`` so a long calm period
-cannot bank a storm. A retry spends one token; with none left, it waits for the next one.
+quiet client able to retry at all. The balance is capped, and the cap grows with the traffic
+that funds it, as gRPC's and Finagle's budgets do: it is ``cap`` (10) or ``ratio`` times the
+first attempts of about the last ``window`` seconds (10; a count that decays exponentially),
+whichever is more. So a burst of 2,000 first attempts banks the 400 retries it paid for, where
+a fixed cap kept 10, while a long calm period still cannot bank a storm, and retries still add
+at most ``ratio`` to the first attempts (plus ``floor`` a second). A retry spends one token;
+with none left, it waits for the next one.
 Waiting is a queue: :meth:`RetryBudget.reserve` takes the next token even before it exists (the
 balance goes below zero) and says when it will be there, so each waiting retry sleeps once, in
 the order it asked, instead of every waiter waking to compete for each new token.
@@ -16,6 +21,7 @@ the order it asked, instead of every waiter waking to compete for each new token
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["RetryBudget", "Weight"]
@@ -51,16 +57,38 @@ class RetryBudget:
     cap: float = 10.0
     balance: float = 10.0
     updated: float | None = None
+    #: Seconds over which first attempts count towards the cap (the decay's time constant).
+    window: float = 10.0
+    #: First attempts of about the last ``window`` seconds (decayed).
+    recent: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("ratio", "floor", "cap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"RetryBudget.{name} must be a number >= 0, not {value!r}")
+        if not self.window > 0:
+            raise ValueError(
+                f"RetryBudget.window must be a number of seconds > 0, not {self.window!r}"
+            )
+
+    @property
+    def limit(self) -> float:
+        """The balance's cap now: ``cap``, or what the recent first attempts paid for."""
+        return max(self.cap, self.ratio * self.recent)
 
     def _refill(self, now: float) -> None:
         if self.updated is not None and now > self.updated:
-            self.balance = min(self.cap, self.balance + (now - self.updated) * self.floor)
+            elapsed = now - self.updated
+            self.recent *= math.exp(-elapsed / self.window)
+            self.balance = min(self.limit, self.balance + elapsed * self.floor)
         self.updated = now if self.updated is None else max(self.updated, now)
 
-    def deposit(self, now: float) -> None:
-        """A first attempt was made."""
+    def deposit(self, now: float, attempts: int = 1) -> None:
+        """First attempts were made."""
         self._refill(now)
-        self.balance = min(self.cap, self.balance + self.ratio)
+        self.recent += attempts
+        self.balance = min(self.limit, self.balance + self.ratio * attempts)
 
     def wait(self, now: float) -> float:
         """Seconds until a retry may go (0 when a token is there)."""
@@ -84,7 +112,7 @@ class RetryBudget:
 
     def refund(self) -> None:
         """Give back a token taken by :meth:`reserve` and not used."""
-        self.balance = min(self.cap, self.balance + 1.0)
+        self.balance = min(self.limit, self.balance + 1.0)
 
     def withdraw(self, now: float) -> bool:
         """Spend a token for a retry; False when there is none."""

@@ -192,31 +192,38 @@ return 1
 PROBE_CLAIM = 60.0
 
 #: The retry budget as one token bucket for every process (``_balance.RetryBudget``'s rules,
-#: Redis's clock): ARGV[1] "deposit" (ARGV[6] first attempts), "refund", or "reserve" (returns
-#: the seconds until the reserved token is there; -1: never).
+#: the cap growing with the fleet's recent first attempts, Redis's clock): ARGV[1] "deposit"
+#: (ARGV[7] first attempts), "refund", or "reserve" (returns the seconds until the reserved
+#: token is there; -1: never); ARGV[2..6]: ratio, floor, cap, initial balance, window.
 _BUDGET = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local ratio, floor, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local b = redis.call('HMGET', KEYS[1], 'balance', 'updated')
+local window = tonumber(ARGV[6])
+local b = redis.call('HMGET', KEYS[1], 'balance', 'updated', 'recent')
 local balance = tonumber(b[1]) or tonumber(ARGV[5])
 local updated = tonumber(b[2]) or now
+local recent = tonumber(b[3]) or 0
 if now > updated then
-  balance = math.min(cap, balance + (now - updated) * floor)
+  recent = recent * math.exp(-(now - updated) / window)
+  balance = math.min(math.max(cap, ratio * recent), balance + (now - updated) * floor)
   updated = now
 end
 local out = 0
 if ARGV[1] == 'deposit' then
-  balance = math.min(cap, balance + ratio * tonumber(ARGV[6] or '1'))
+  local n = tonumber(ARGV[7] or '1')
+  recent = recent + n
+  balance = math.min(math.max(cap, ratio * recent), balance + ratio * n)
 elseif ARGV[1] == 'refund' then
-  balance = math.min(cap, balance + 1)
+  balance = math.min(math.max(cap, ratio * recent), balance + 1)
 else
   balance = balance - 1
   if balance < 0 then
     if floor <= 0 then out = -1 else out = -balance / floor end
   end
 end
-redis.call('HSET', KEYS[1], 'balance', tostring(balance), 'updated', tostring(updated))
+redis.call('HSET', KEYS[1], 'balance', tostring(balance), 'updated', tostring(updated),
+  'recent', tostring(recent))
 redis.call('EXPIRE', KEYS[1], 86400)
 return tostring(out)
 """
@@ -271,14 +278,23 @@ class SharedBudget(RetryBudget):
     local balance is what this process falls back on when Redis is away)."""
 
     def __init__(self, local: RetryBudget, post: Callable[[str], None]) -> None:
-        super().__init__(local.ratio, local.floor, local.cap, local.balance, local.updated)
+        super().__init__(
+            local.ratio,
+            local.floor,
+            local.cap,
+            local.balance,
+            local.updated,
+            local.window,
+            local.recent,
+        )
         self._post = post
         #: The balance a fleet's shared bucket starts with (the first process creates it).
         self.initial = local.balance
 
-    def deposit(self, now: float) -> None:
-        super().deposit(now)
-        self._post("deposit")
+    def deposit(self, now: float, attempts: int = 1) -> None:
+        super().deposit(now, attempts)
+        for _ in range(attempts):
+            self._post("deposit")
 
     def refund(self) -> None:
         super().refund()
@@ -654,7 +670,7 @@ class SharedState(Limits):
     def _budget_args(self, op: str) -> list[Any]:
         b = self.fleet.budget
         initial = b.initial if isinstance(b, SharedBudget) else b.balance
-        return [op, b.ratio, b.floor, b.cap, initial]
+        return [op, b.ratio, b.floor, b.cap, initial, b.window]
 
     def _budget_post(self, op: str) -> None:
         if op == "deposit":
