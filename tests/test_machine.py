@@ -73,7 +73,8 @@ SSE_HEADERS = {"content-type": "text/event-stream"}
 class Plan:
     """What the server does with one request."""
 
-    # ok | capacity | at_capacity | rejected | connect | drop | stall | malformed | truncate
+    # ok | capacity | at_capacity | rejected | connect | busy | drop | stall | malformed |
+    # truncate
     kind: str = "ok"
     after: int = 0  # words sent before a mid-stream fault
     gap: float = 0.05  # seconds between words
@@ -229,6 +230,9 @@ def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_0
             t += 0.01
             if plan.kind == "connect":
                 fail = Failure("connection", "Cannot reach it — connection refused", connect=True)
+                act = m.send_failed(fail, t, queued=0.0)
+            elif plan.kind == "busy":  # the shell's own loop ran late (client_busy)
+                fail = failure("client_busy", "this side was too busy to see the server")
                 act = m.send_failed(fail, t, queued=0.0)
             elif plan.kind in ("capacity", "at_capacity", "rejected"):
                 status, body = {
@@ -427,6 +431,26 @@ def test_a_repeated_finish_reason_hands_the_calls_over_once_all_or_nothing(fourt
         assert run.of(RetryEvent)[0].reason == "malformed"
         assert not run.of(ToolCallEvent)  # none of the four went out before the retry
         assert len(run.requests) == 2
+
+
+def test_a_failure_on_this_side_is_retried_on_the_same_model_and_blames_no_one() -> None:
+    """Three connects that timed out while this side's loop ran late (client_busy): the same
+    model again each time — no fallback, though there is a second model and fallback_after is
+    1 — its breaker closed (threshold 1), no failure in its figures, and no retry-budget token
+    spent (the budget holds none)."""
+    from streamres._fleet.balance import RetryBudget
+
+    routes = options(models=2).fleet.routes
+    fleet = Fleet(routes, breaker_threshold=1, budget=RetryBudget(cap=0.0, balance=0.0, floor=0.0))
+    m = answer(options(models=2, fleet=fleet, fallback_after=1))
+    run = drive(m, [Plan(kind="busy"), Plan(kind="busy"), Plan(kind="busy"), Plan()])
+    assert isinstance(run.end, Finish) and run.text == FULL
+    assert {s.request.body["model"] for s in run.requests} == {"m0"}
+    assert not run.of(FallbackEvent)
+    assert [e.reason for e in run.of(RetryEvent)] == ["client_busy"] * 3
+    metrics = fleet.metrics(run.t)["m0#0"]
+    assert (metrics.failures, metrics.client_side_failures, metrics.breaker) == (0, 3, "closed")
+    assert "failed on this side" in " ".join(metrics.health.reasons)
 
 
 def test_an_abandoned_probe_frees_the_half_open_model() -> None:

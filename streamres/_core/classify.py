@@ -23,6 +23,8 @@ prefill_rejected   400 saying assistant prefill is unsupported                 y
 permanent          other 4xx: bad request, auth, not found, quota              no
 deadline           the overall deadline ran out (not the model's fault)        no time left
 replay_unavailable a background response cannot be re-attached to             yes, continue
+client_busy        a connect timed out while this process's event loop ran    yes, not the
+                   late: the client was too busy to see the server answer     server's fault
 =================  ==========================================================  ===========
 """
 
@@ -59,6 +61,7 @@ FailureKind = Literal[
     "deadline",
     "replay_unavailable",
     "ended_at_seam",
+    "client_busy",
 ]
 
 

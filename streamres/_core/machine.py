@@ -708,6 +708,11 @@ class Answer:
         """Where the next attempt goes: a model whose circuit lets it through."""
         if self.chars and (load := self._needs(self._choose)):
             return load  # a fallback event says how many tokens were delivered
+        if now >= self.t_end and self.last is not None:
+            # A wait ran past the deadline (a busy loop wakes late): time, not the models.
+            return self._fail(
+                DeadlineExceeded, f"the deadline passed; the last attempt: {self.last.message}"
+            )
         pos, ready_at = self._next_available(now)
         if pos is None:
             probing = self.slots is not None and self._probing()
@@ -760,6 +765,8 @@ class Answer:
         if at.number == 1:
             self.fleet.budget.deposit(now)
             return self._ticket(0.0, now)
+        if self.last is not None and self.last.kind == "client_busy":
+            return self._ticket(0.0, now)  # a retry of this side's failure: not the budget's
         if self.shared_budget:
             at.ticket = True
             return Reserve()
@@ -1144,6 +1151,8 @@ class Answer:
             # The model is well, it would not continue: the first time, ask it again (in the
             # other wording); the second, the policy moves to the next model.
             self.failures[self.pos] = self.seam_tries
+        elif fail.kind == "client_busy":
+            pass  # this side's failure, not the model's: its count stays
         else:
             self.failures[self.pos] = 1 if added else self.failures[self.pos] + 1
         return self._decide(at, fail, now)

@@ -20,7 +20,10 @@ The rules, in order:
 8. a wait that would end after the deadline is cut short to a **last try** that fits — half
    the time left (never less than Retry-After), when that leaves the attempt at least
    ``LAST_TRY`` seconds — and only when none fits does the answer give up: an 8 s deadline is
-   not abandoned at 1.3 s because the schedule's next wait was 7.7 s.
+   not abandoned at 1.3 s because the schedule's next wait was 7.7 s;
+9. a connect that timed out while this process's own event loop ran late (``client_busy``)
+   is not the model's failure: it is tried again on the same model after about
+   ``CLIENT_BUSY_WAIT`` (jittered), and counts towards no fallback, breaker or weight.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from streamres._core.backoff import Backoff
 from streamres._core.classify import Failure
 
 __all__ = [
+    "CLIENT_BUSY_WAIT",
     "CONNECT_BACKOFF",
     "CONNECT_TRIES",
     "LAST_TRY",
@@ -44,6 +48,9 @@ __all__ = [
 
 #: Seconds a last try must have left after its wait to be worth making (rule 8).
 LAST_TRY = 1.0
+
+#: About how long an attempt that failed on this side waits before it is made again (rule 9).
+CLIENT_BUSY_WAIT = 0.5
 
 #: Tries for a URL that has never answered before it counts as unreachable.
 CONNECT_TRIES = 3
@@ -90,6 +97,13 @@ def decide(
         return Decision(
             "give_up", error="attempts", why=f"{attempt} attempts made; last: {failure.message}"
         )
+    if failure.kind == "client_busy":
+        # This side was too busy (rule 9): the same model again, after a short wait that lets
+        # the rush pass, never the next model (this one did nothing wrong).
+        delay = CLIENT_BUSY_WAIT * (0.5 + rand)
+        if delay < time_left:
+            return Decision("retry", delay=delay, model_index=model_index)
+        return Decision("give_up", error="deadline", why=failure.message)
     if failure.connect and not reached:
         return _unreached(failure, model_index, failures, time_left, rand)
     if failure.kind in ("prefill_rejected", "replay_unavailable"):

@@ -27,6 +27,7 @@ _REASONS = {
     "deadline": "Out of time",
     "replay_unavailable": "Could not re-attach to the answer",
     "ended_at_seam": "The model stopped without continuing",
+    "client_busy": "This computer was too busy to hear the server in time",
 }
 
 

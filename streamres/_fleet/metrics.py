@@ -66,6 +66,10 @@ class ModelMetrics:
     trend_share: float = 1.0
     #: The breaker's last changes in this process, oldest first: (seconds ago, new state).
     breaker_changes: tuple[tuple[float, str], ...] = ()
+    #: Attempts that failed on this side, not the server's: this process's event loop was too
+    #: busy to see the server answer in time (``client_busy``). Not in ``failures``, nor in
+    #: the success rate, the breaker or the weight.
+    client_side_failures: int = 0
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -91,6 +95,8 @@ class RouteStats:
     tokens_delivered: int = 0
     tokens_wasted: int = 0
     in_flight: int = 0
+    #: Attempts that failed on this side (``client_busy``), apart from the server's failures.
+    client_side: int = 0
     #: Seconds attempts spent waiting for a pooled connection or a concurrency slot.
     queued_seconds: float = 0.0
     ttft: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
@@ -114,6 +120,10 @@ class RouteStats:
 
     def failed(self, kind: str, *, ttft: float | None) -> None:
         self.in_flight -= 1
+        if kind == "client_busy":  # this side's failure: the server's figures stay as they were
+            self.requests -= 1
+            self.client_side += 1
+            return
         self.failures += 1
         capacity = kind in _CAPACITY_KINDS
         self.capacity_errors += capacity
@@ -194,6 +204,12 @@ def snapshot(
     health = assess(stats, breaker, cooldown, verdict)
     if notes:
         health = Health(health.status, health.reasons + notes)
+    if stats.client_side:
+        side = (
+            f"{stats.client_side} attempts failed on this side (its event loop too busy to see "
+            "the server answer in time), not counted against the model"
+        )
+        health = Health(health.status, (*health.reasons, side))
     ttft, latency = list(stats.ttft), list(stats.latency)
     return ModelMetrics(
         name=name,
@@ -224,6 +240,7 @@ def snapshot(
         trend=trend.series(now) if trend is not None and now is not None else (),
         trend_share=share,
         breaker_changes=changes,
+        client_side_failures=stats.client_side,
     )
 
 
@@ -243,6 +260,7 @@ _COUNTERS = (
     "tokens_delivered",
     "tokens_wasted",
     "in_flight",
+    "client_side",
 )
 
 

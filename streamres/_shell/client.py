@@ -37,7 +37,7 @@ from streamres._shell.limits import Limits
 from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
 from streamres._shell.shared_cache import SharedAnswers
-from streamres._shell.stream import ResilientStream, _run, _shared_ssl_context
+from streamres._shell.stream import STREAMING_POOL, ResilientStream, _run, _shared_ssl_context
 from streamres._shell.tracing import Tracing, traced
 
 __all__ = ["Client"]
@@ -160,16 +160,19 @@ class Client:
 
     async def __aenter__(self) -> Client:
         if self._http is None:
-            self._http = httpx.AsyncClient(verify=await _shared_ssl_context(), timeout=None)
+            self._http = httpx.AsyncClient(
+                verify=await _shared_ssl_context(), timeout=None, limits=STREAMING_POOL
+            )
         self._stack = contextlib.AsyncExitStack()
+        tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._stack.callback(tg.cancel_scope.cancel)  # flights in progress end with the client
         if self._cache is not None:
-            tg = await self._stack.enter_async_context(anyio.create_task_group())
-            self._stack.callback(tg.cancel_scope.cancel)  # flights in progress end with the client
             self._flights = Flights(self._cache, tg)
             if self._cache.semantic is not None:
                 tg.start_soon(_load_model, self._flights)
         if self._shared is None:
             self._limits = Limits(self.routes, self._account_limits)
+            tg.start_soon(self._limits.lag.watch)
             return self
         state = SharedState(
             self._shared,
@@ -181,6 +184,7 @@ class Client:
         await self._stack.enter_async_context(state.running())
         self._shared_state = state
         self._limits = state
+        tg.start_soon(state.lag.watch)
         if self._flights is not None:
             flights = self._flights
             answers = SharedAnswers(state, flights.cache)

@@ -16,6 +16,7 @@ import anyio.lowlevel
 
 from streamres._core.lanes import NORMAL, Line
 from streamres._fleet.routes import Route
+from streamres._shell.lag import LoopLag
 
 __all__ = ["Limits", "Slots"]
 
@@ -71,6 +72,8 @@ class Limits:
         self._routes = {r.key: Slots(r.max_in_flight) for r in routes if r.max_in_flight}
         self._accounts = {name: Slots(n) for name, n in account_limits.items()}
         self._changed = anyio.Event()
+        #: How late the client's event loop runs (its ``Client`` keeps it measured).
+        self.lag = LoopLag()
 
     def notify(self) -> None:
         """A model's state changed (an outcome was recorded): wake the streams waiting on it."""

@@ -67,6 +67,12 @@ Provider = Literal["openai", "anthropic", "openai-responses"]
 PROBE_RECHECK = 5.0
 #: What this process remembers about servers (prefill refused; answered before).
 _MEMORY = Memory()
+
+#: The pool a ``Client`` streams through: no cap on connections (a stream holds its connection
+#: for the whole answer, so a cap is a queue, and httpx's default of 100 made 2,000 streams
+#: wait in httpcore's pool — whose cost grows with the square of the waiters — until their
+#: connects timed out); the concurrency limits that matter are the routes' and accounts'.
+STREAMING_POOL = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
 # Extra request headers whose values are credentials (masked like the API key).
 _SECRET_HEADER = re.compile(r"(?i)authorization|api[-_]?key|token|secret|cookie|signature")
 
@@ -235,7 +241,10 @@ def _connect_cause(exc: BaseException) -> str:
 def _transport_failure(exc: Exception, url: str) -> Failure:
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
         return Failure(
-            "connection", f"Cannot reach {redact_url(url)} — {_connect_cause(exc)}", connect=True
+            "connection",
+            f"Cannot reach {redact_url(url)} — {_connect_cause(exc)}",
+            connect=True,
+            error_type="connect_timeout" if isinstance(exc, httpx.ConnectTimeout) else None,
         )
     return failure("connection", f"connection lost mid-response ({str(exc) or type(exc).__name__})")
 
@@ -365,19 +374,34 @@ class _Shell:
             if wait is not None:  # another process is probing this model
                 return m.probe_taken(now(), until=now() + min(wait, PROBE_RECHECK))
         if self.client is None:
-            self.client = httpx.AsyncClient(verify=await _shared_ssl_context(), timeout=None)
+            self.client = httpx.AsyncClient(
+                verify=await _shared_ssl_context(), timeout=None, limits=STREAMING_POOL
+            )
         try:
+            lag = self.limits.lag if self.limits is not None else None
+            # The connect timer gets what the loop's own lateness may cost it (see _shell/lag).
+            allowance = lag.allowance(anyio.current_time()) if lag is not None else 0.0
             request = self.client.build_request(
                 req.method,
                 req.url,
                 headers={"accept-encoding": ACCEPT_ENCODING, **req.headers},
                 json=req.body if req.method == "POST" else None,
-                timeout=httpx.Timeout(None, connect=act.connect_timeout),
+                timeout=httpx.Timeout(None, connect=act.connect_timeout + allowance),
             )
         except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
             why = f"cannot build the request to {redact_url(req.url)}: {exc}"
             raise m.unbuildable(why) from exc
         response, fail, queued = await _send(self.client, request, t_end=act.until, stall=act.stall)
+        if fail is not None and fail.error_type == "connect_timeout" and lag is not None:
+            now_ = anyio.current_time()
+            if lag.busy(act.connect_timeout, now_):
+                fail = failure(
+                    "client_busy",
+                    f"no connection to {redact_url(req.url)} within "
+                    f"{act.connect_timeout + allowance:.1f} s while this process's event loop "
+                    f"ran {lag.late(now_):.1f} s late: this side was too busy to see the server "
+                    "answer, so the server is not blamed",
+                )
         if response is None:
             assert fail is not None
             return m.send_failed(fail, now(), queued=queued)

@@ -415,6 +415,8 @@ class Proxy:
                 "success_rate": m.success_rate,
                 "capacity_errors": m.capacity_errors,
                 "stalls": m.stalls,
+                # Attempts that failed on the proxy's side (its loop too busy), not the model's.
+                "client_side_failures": m.client_side_failures,
                 "resumes": m.resumes,
                 "in_flight": m.in_flight,
                 "ttft_p50": m.ttft_p50,

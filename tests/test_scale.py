@@ -1,0 +1,118 @@
+"""A ``Client`` at scale: its own load is not blamed on the server, and many streams at once
+through the default settings are all exact (a small seeded version of ``streamres bench
+--load``)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import anyio
+import pytest
+
+import streamres
+from streamres._shell.lag import HALF_LIFE, LoopLag
+from streamres.upstream import Upstream
+
+Q = [{"role": "user", "content": "Explain TCP slow start."}]
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the loop's lateness is measured the same way on trio; one is enough
+
+
+def test_the_loop_s_lateness_decays_and_says_when_a_timer_is_this_side_s() -> None:
+    lag = LoopLag()
+    lag.record(2.0, now=10.0)
+    assert lag.late(10.0) == 2.0 and lag.allowance(10.0) == 4.0
+    assert abs(lag.late(10.0 + HALF_LIFE) - 1.0) < 1e-9
+    assert lag.busy(3.0, now=10.0) and not lag.busy(3.0, now=10.0 + 2 * HALF_LIFE)
+    lag.record(0.1, now=10.0 + HALF_LIFE)  # a smaller lateness does not hide the recent one
+    assert abs(lag.late(10.0 + HALF_LIFE) - 1.0) < 1e-9
+
+
+@contextmanager
+def unanswering() -> Iterator[str]:
+    """A loopback port whose listen queue is full: a connect to it never completes (the SYN
+    is dropped), so it can only time out."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(8):  # fill the queue (its length is the backlog plus one or two)
+            c = socket.socket()
+            c.setblocking(False)
+            with suppress(BlockingIOError):
+                c.connect(("127.0.0.1", port))
+            fillers.append(c)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        for c in fillers:
+            c.close()
+        server.close()
+
+
+async def test_a_connect_that_times_out_while_this_loop_is_blocked_is_not_the_server_s() -> None:
+    """This process's event loop is blocked 1.8 s at a time (its own load); a connect times out
+    meanwhile: the attempt is this side's failure (``client_busy``), retried on the same model,
+    and the model's breaker (threshold 1) stays closed, its failures 0 — where a timeout
+    without the loop's lateness would have opened it."""
+    with unanswering() as url:
+        route = streamres.Route("m", base_url=url, api_key="k")
+        async with streamres.Client([route], breaker_threshold=1) as client:
+
+            async def hog() -> None:
+                while True:
+                    await anyio.sleep(0.05)
+                    # The loop is busy with this process's own work: blocking it is the point.
+                    time.sleep(1.8)  # noqa: ASYNC251
+
+            errors: list[streamres.StreamError] = []
+
+            async def ask() -> None:
+                try:
+                    async for _ in client.stream(Q, deadline=14):
+                        pass
+                except streamres.StreamError as exc:
+                    errors.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hog)
+                await ask()
+                tg.cancel_scope.cancel()
+            m = client.metrics()["m"]
+    (error,) = errors  # the connect never completes: the deadline ends the answer
+    assert error.history and {a.outcome for a in error.history} == {"client_busy"}, error.history
+    assert "too busy" in str(error)
+    assert m.client_side_failures >= 1
+    assert (m.failures, m.breaker) == (0, "closed")
+
+
+async def test_three_hundred_streams_at_once_through_a_default_client_are_all_exact() -> None:
+    """The default pool is sized for streaming (a stream holds its connection for the whole
+    answer): 300 at once, every answer exact, the breaker never opened."""
+    async with Upstream(token_delay=0.01, words=60) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        expected = up.answer(Q)
+        texts: list[str] = []
+        async with streamres.Client([route]) as client:
+
+            async def one() -> None:
+                text = ""
+                async for ev in client.stream(Q, deadline=120):
+                    if ev.type == "text":
+                        text += ev.text
+                texts.append(text)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(300):
+                    tg.start_soon(one)
+            m = client.metrics()["m"]
+    assert texts == [expected] * 300
+    assert m.failures == 0 and up.peak_in_flight("m") > 100
