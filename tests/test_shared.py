@@ -524,6 +524,43 @@ async def test_the_limit_holds_through_a_redis_restart_that_loses_every_lease(
         assert up.peak_in_flight() <= 2
 
 
+async def test_during_an_outage_each_process_keeps_its_share_of_the_limit(
+    redis_server: RedisServer,
+) -> None:
+    """Three clients (as three processes) share an account limit of 6 through Redis; Redis
+    dies; each falls back to its share — 6 divided by the 3 processes it last saw — so the
+    upstream serves at most 6 at once, not 18; every answer is exact, and the share goes back
+    to Redis's limit when it returns."""
+    async with Upstream(token_delay=0.02, words=60) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(
+                    streamres.Client(
+                        [route], account_limits={"acct": 6}, shared=redis_server.url, deadline=60
+                    )
+                )
+                for _ in range(3)
+            ]
+            states = [c._shared_state for c in clients]
+            with anyio.fail_after(10):  # each has seen the other two (metrics, once a second)
+                while any(s is None or len(s.others) < 2 for s in states):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            redis_server.stop()
+            texts: list[str] = []
+
+            async def one(client: streamres.Client) -> None:
+                texts.append(await _text(client))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(30):
+                    tg.start_soon(one, clients[i % 3])
+            assert all(s is not None and not s.connected for s in states)
+            assert {s._accounts["acct"].size for s in states if s is not None} == {2}
+        assert texts == [up.answer(Q, words=60)] * 30
+        assert up.peak_in_flight() <= 6
+
+
 async def test_a_redis_out_of_memory_is_one_outage_not_a_flapping_one(
     redis_server: RedisServer,
 ) -> None:

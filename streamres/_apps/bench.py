@@ -945,6 +945,10 @@ def main(argv: list[str] | None = None) -> int:
         from streamres._apps import warning_bench
 
         return warning_bench.main(given[1:])
+    if given[:1] in (["load"], ["--load"]):
+        from streamres._apps import load_bench
+
+        return load_bench.main(given[1:])
     if given[:1] == ["abuse"]:
         from streamres._apps import abuse_bench
 

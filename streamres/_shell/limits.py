@@ -30,8 +30,20 @@ class Slots:
     handed to the first waiter (no request arriving later can take it in between)."""
 
     def __init__(self, n: int) -> None:
+        self.size = n
         self.free = n
         self.line: Line[anyio.Event] = Line()
+
+    def shrink(self, n: int) -> None:
+        """``n`` fewer slots from now on (those held keep theirs; ``free`` may go below zero)."""
+        self.size -= n
+        self.free -= n
+
+    def grow(self, n: int) -> None:
+        """``n`` more slots, handed to waiters first."""
+        self.size += n
+        for _ in range(n):
+            self.release()
 
     @property
     def waiting(self) -> int:

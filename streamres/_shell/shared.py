@@ -61,7 +61,7 @@ from streamres._core.redact import redact_url
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
-from streamres._shell.limits import Limits, account_of
+from streamres._shell.limits import Limits, Slots, account_of
 from streamres._shell.log import log
 
 __all__ = ["SharedState", "SharedStatus"]
@@ -348,6 +348,8 @@ class SharedState(Limits):
         self.calls: collections.Counter[str] = collections.Counter()
         #: The other processes' figures at the last sync (``Client.fleet_metrics``).
         self.others: list[dict[str, dict[str, object]]] = []
+        #: The local limits cut to this process's share while Redis is away, and by how much.
+        self._shrunk: list[tuple[Slots, int]] = []
         self._channel = f"{prefix}:events"
         #: What to do with other kinds of news (by its ``kind``), for state kept elsewhere
         #: (the shared answer cache).
@@ -431,14 +433,35 @@ class SharedState(Limits):
         if self.connected:
             self.connected = False
             where = redact_url(self.url)
-            log.warning("streamres.shared_unavailable", url=where, error=type(exc).__name__)
+            peers = len(self.others) + 1
+            self._keep_share(peers)
+            log.warning(
+                "streamres.shared_unavailable",
+                url=where,
+                error=type(exc).__name__,
+                processes=peers,
+            )
             self.fleet.notes = [
-                f"shared state unavailable ({where}): this process's own limits and view only"
+                f"shared state unavailable ({where}): this process's own view, and its share "
+                f"of each limit (one of {peers} processes)"
             ]
+
+    def _keep_share(self, peers: int) -> None:
+        """Redis is away: this process keeps its share of each limit — the limit divided by the
+        processes it last saw (itself included), at least 1 — so the fleet stays near the
+        limit instead of at N times it."""
+        for slots in (*self._routes.values(), *self._accounts.values()):
+            cut = slots.size - max(1, slots.size // peers)
+            if cut > 0:
+                slots.shrink(cut)
+                self._shrunk.append((slots, cut))
 
     def _back(self) -> None:
         if not self.connected:
             self.connected = True
+            for slots, cut in self._shrunk:  # the fleet's limits are Redis's again
+                slots.grow(cut)
+            self._shrunk = []
             self.fleet.notes = []
             log.info("streamres.shared_rejoined", url=redact_url(self.url))
 

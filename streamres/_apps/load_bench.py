@@ -1,0 +1,177 @@
+"""``streamres bench load`` (also ``--load``): many streams at once, through one ``Client`` and
+through one proxy process, against a healthy upstream and through a fault storm.
+
+The embedded upstream runs in its own process (answers of ``--words`` words, ``--token-delay``
+seconds apart: about 2.5 s each); each size of ``--sizes`` starts that many streams at once,
+with the default settings (a ``Client`` as it comes; ``streamres proxy`` with its defaults),
+and counts the answers that are exactly the upstream's. The storm: the upstream refuses 2 % of
+connections and breaks 20 % of the streams mid-way (``--chaos 0.02,0.2,0``, seeded), which
+every answer must survive. Reported per run: exact answers, wall time, CPU seconds (this
+process for a ``Client``; the proxy process for the proxy) and per stream, peak RSS and per
+stream, the breaker's openings and the attempts that failed on the client's side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from typing import Any
+
+import anyio
+import httpx
+
+import streamres
+from streamres._apps.bench_proxy import _cpu_seconds, _peak_rss_mib, _process
+from streamres.upstream import answer_for
+
+__all__ = ["main"]
+
+Q = [{"role": "user", "content": "Explain TCP slow start."}]
+STORM = "0.02,0.2,0"
+
+
+def _upstream(words: int, delay: float, chaos: str | None) -> Any:
+    argv = [sys.executable, "-m", "streamres", "serve", "--port", "0", "--words", str(words)]
+    argv += ["--token-delay", str(delay), "--seed", "7"]
+    if chaos:
+        argv += ["--chaos", chaos]
+    return _process(argv, "embedded upstream")
+
+
+def _proxy(upstream: str) -> Any:
+    f = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)  # noqa: SIM115
+    with f:
+        f.write(f'[[routes]]\nname = "m"\nmodel = "m"\nbase_url = "{upstream}/v1"\n')
+    argv = [sys.executable, "-m", "streamres", "proxy", "--port", "0", "--config", f.name]
+    return _process(argv, "streamres proxy on")
+
+
+async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
+    route = streamres.Route("m", base_url=f"{url}/v1", api_key="k")
+    exact = 0
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    async with streamres.Client([route]) as client:
+
+        async def one() -> None:
+            nonlocal exact
+            text = ""
+            try:
+                async for ev in client.stream(Q, deadline=300):
+                    if ev.type == "text":
+                        text += ev.text
+            except streamres.StreamError:
+                return
+            exact += text == expected
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(one)
+        m = client.metrics()["m"]
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    opened = sum(1 for _, state in m.breaker_changes if state == "open")
+    return {
+        "exact": exact,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "rss_mib": rss,
+        "breaker_opened": opened,
+        "client_side": m.client_side_failures,
+    }
+
+
+async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str, Any]:
+    exact = 0
+    cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    body = {"model": "m", "messages": Q, "stream": True}
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+
+        async def one() -> None:
+            nonlocal exact
+            text = ""
+            try:
+                async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                    if r.status_code != 200:
+                        return
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            choices = json.loads(line[6:]).get("choices") or [{}]
+                            text += (choices[0].get("delta") or {}).get("content") or ""
+            except httpx.HTTPError:
+                return
+            exact += text == expected
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(one)
+        health = (await http.get(url + "/health")).json()["models"]["m"]
+    return {
+        "exact": exact,
+        "wall_s": time.perf_counter() - t0,
+        "cpu_s": _cpu_seconds(pid) - cpu0,
+        "rss_mib": _peak_rss_mib(pid),
+        "breaker_opened": sum(1 for c in health["breaker_changes"] if c["state"] == "open"),
+        "client_side": health.get("client_side_failures", 0),
+    }
+
+
+async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    expected = answer_for(Q, words=args.words)
+    rows: list[dict[str, Any]] = []
+    for faults in ("none", "storm"):
+        for n in args.sizes:
+            for path in args.paths:
+                # A fresh upstream (and proxy) per run: one run's connections and breakers
+                # are not the next one's.
+                with _upstream(
+                    args.words, args.token_delay, STORM if faults == "storm" else None
+                ) as (
+                    up,
+                    _,
+                ):
+                    if path == "client":
+                        got = await _through_client(up, n, expected)
+                    else:
+                        with _proxy(up) as (proxy, pid):
+                            got = await _through_proxy(proxy, pid, n, expected)
+                row = {"path": path, "faults": faults, "streams": n, **got}
+                row["cpu_ms_per_stream"] = got["cpu_s"] * 1000 / n
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    from streamres._apps.bench import _table
+
+    p = argparse.ArgumentParser(prog="streamres bench load", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 5000])
+    p.add_argument("--paths", nargs="+", default=["client", "proxy"], choices=["client", "proxy"])
+    p.add_argument("--words", type=int, default=25)
+    p.add_argument("--token-delay", type=float, default=0.1)
+    p.add_argument("--json", default="", help="also write the rows here")
+    args = p.parse_args(argv)
+    rows = anyio.run(_run, args)
+    print("Many streams at once (default settings; the upstream in its own process)")
+    columns = [
+        "path",
+        "faults",
+        "streams",
+        "exact",
+        "wall_s",
+        "cpu_s",
+        "cpu_ms_per_stream",
+        "rss_mib",
+        "breaker_opened",
+        "client_side",
+    ]
+    print(_table(rows, columns))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+    return 0
