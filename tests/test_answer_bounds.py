@@ -118,7 +118,9 @@ def test_a_long_answer_is_counted_off_the_event_loop() -> None:
     run = drive(answer(), [first, Plan(reads=[(0.1, FINISH), (0.1, None)])])
     (done,) = run.of(DoneEvent)
     assert run.counts and max(run.counts) > ON_LOOP
-    assert done.usage.delivered_tokens == approximate_tokens(piece * chunks)
+    # Counted in pieces of ON_LOOP characters: each piece's estimate rounds up on its own.
+    whole = approximate_tokens(piece * chunks)
+    assert whole <= done.usage.delivered_tokens <= whole + len(piece * chunks) // ON_LOOP + 1
 
 
 def test_the_ledger_counts_the_same_settled_or_not() -> None:

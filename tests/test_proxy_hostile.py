@@ -167,32 +167,38 @@ async def test_a_body_that_never_finishes_gets_408() -> None:
 
 
 async def test_a_client_that_half_closes_still_gets_its_whole_answer() -> None:
-    """The request sent, then shutdown(SHUT_WR), as some clients do: the whole answer comes
-    back, then the connection closes."""
-    async with running(port=0, faults="none", token_delay=0.002) as run:
-        assert run.upstream is not None
-        host, port = run.url.removeprefix("http://").split(":")
-        body = json.dumps({"model": "demo", "messages": Q, "stream": True}).encode()
-        got = b""
-        async with await anyio.connect_tcp(host, int(port)) as conn:
-            await conn.send(
-                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
-            )
-            await conn.send_eof()
-            with anyio.fail_after(30):
-                try:
-                    while True:
-                        got += await conn.receive()
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    pass
-        text = "".join(
-            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-            for line in got.decode().split("\n")
-            if line.startswith("data: {") and '"choices":[{' in line
+    """With [server] half_close: the request sent, then shutdown(SHUT_WR), as some clients do:
+    the whole answer comes back, then the connection closes."""
+    async with Upstream(token_delay=0.002) as up:
+        cfg = config(up.openai_url, server={"half_close": True})
+        async with running(cfg, port=0) as run:
+            await _half_close(run.url, up)
+
+
+async def _half_close(url: str, up: Upstream) -> None:
+    """Send a streamed request, shut the sending side, read until the server closes."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "m", "messages": Q, "stream": True}).encode()
+    got = b""
+    async with await anyio.connect_tcp(host, int(port)) as conn:
+        await conn.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
         )
-        assert got.startswith(b"HTTP/1.1 200 ") and b"data: [DONE]" in got
-        assert text == run.upstream.answer(Q)
+        await conn.send_eof()
+        with anyio.fail_after(30):
+            try:
+                while True:
+                    got += await conn.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+    text = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in got.decode().split("\n")
+        if line.startswith("data: {") and '"choices":[{' in line
+    )
+    assert got.startswith(b"HTTP/1.1 200 ") and b"data: [DONE]" in got
+    assert text == up.answer(Q)
 
 
 # -- a client that stops reading ---------------------------------------------------------------

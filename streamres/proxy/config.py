@@ -45,6 +45,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     body_timeout = 30
     write_timeout = 30        # seconds a client may read nothing before it is cut off
     grace = 10                # seconds answers in flight get when the proxy stops
+    half_close = false        # true: a client that shuts its sending side still gets its answer
 
     [[clients]]               # without any, the proxy takes no key (it listens on loopback)
     name = "ui"
@@ -108,6 +109,10 @@ class ServerLimits:
     write_timeout: float = 30.0
     #: Seconds answers in flight get to finish when the proxy stops.
     grace: int = 10
+    #: A client that shuts its sending side after the request still gets the response (else
+    #: that is taken as leaving: a FIN cannot be told from a close, and a close frees the
+    #: answer's upstream stream and slots at once).
+    half_close: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -120,6 +125,8 @@ class ServerLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"server.{name} must be an integer >= {low}, not {value!r}")
+        if not isinstance(self.half_close, bool):
+            raise ValueError(f"server.half_close must be true or false, not {self.half_close!r}")
         for name in ("idle_timeout", "header_timeout", "body_timeout", "write_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:

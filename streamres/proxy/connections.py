@@ -9,8 +9,8 @@ HTTP protocol the proxy serves with, adds those; uvicorn's own settings do the r
   connection (or of its first byte, on a kept-alive connection), be at most ``header_bytes``
   and ``headers`` in number; else ``408`` / ``431``, and the connection is closed. A connection
   that never sends a byte is closed at ``header_timeout`` too (a slowloris holds nothing).
-- **half-close** — a client that shuts its sending side after the request still gets the whole
-  response (uvicorn closes the connection at once).
+- **half-close** — with ``half_close``, a client that shuts its sending side after the request
+  still gets the whole response; by default that is a client leaving (a FIN either way).
 - **write** — a client that reads nothing of its response for ``write_timeout`` seconds (the
   socket's buffers are full) is cut off: its answer is cancelled as for a disconnect, so its
   upstream stream and its slots are freed at once.
@@ -137,12 +137,14 @@ class Guarded(HttpToolsProtocol):
     # -- a client that half-closes ---------------------------------------------------------
 
     def eof_received(self) -> bool:  # type: ignore[override]  # asyncio: bool | None
-        """The client shut its sending side (``shutdown(SHUT_WR)``, as some clients do once
-        the request is sent): a request in progress still gets its whole response, then the
-        connection closes. Idle, it closes now."""
+        """The client shut its sending side. That cannot be told from a client that left
+        (both are a FIN), so by default it is taken as leaving — the answer is cancelled at
+        once, freeing its upstream stream and slots (as nginx does). With ``[server] half_close
+        = true``, a request in progress still gets its whole response, then the connection
+        closes; a client that left is then noticed at the next write."""
         self._eof = True
         busy = self.cycle is not None and not self.cycle.response_complete
-        return busy  # True keeps the transport open for the response
+        return busy and self.limits.half_close  # True keeps the transport open
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
