@@ -115,11 +115,11 @@ ON_LOOP = 1 << 16
 
 def count_long(count: Counter, text: str, piece: int = ON_LOOP) -> int:
     """``count(text)``, one piece of about ``piece`` characters at a time, each cut just before
-    a space where there is one near (where the encodings start a token anyway): an encoder's
-    working memory for a whole long text is many times the text's size.
+    a space where there is one near (where the encodings start a token anyway, so an encoding's
+    count is the same): an encoder's working memory for a whole long text is many times the
+    text's size. The byte estimate rounds each piece up, so it may count a token more a piece.
 
-    >>> count_long(approximate_tokens, "abcd " * 10_000, piece=1000) == approximate_tokens(
-    ...     "abcd " * 10_000)
+    >>> count_long(len, "abcd " * 10_000, piece=1000) == len("abcd " * 10_000)
     True
     """
     if len(text) <= piece:
