@@ -123,7 +123,7 @@ async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str,
 async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     expected = answer_for(Q, words=args.words)
     rows: list[dict[str, Any]] = []
-    for faults in ("none", "storm"):
+    for faults in args.faults:
         for n in args.sizes:
             for path in args.paths:
                 # A fresh upstream (and proxy) per run: one run's connections and breakers
@@ -152,6 +152,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="streamres bench load", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 5000])
     p.add_argument("--paths", nargs="+", default=["client", "proxy"], choices=["client", "proxy"])
+    p.add_argument("--faults", nargs="+", default=["none", "storm"], choices=["none", "storm"])
     p.add_argument("--words", type=int, default=25)
     p.add_argument("--token-delay", type=float, default=0.1)
     p.add_argument("--json", default="", help="also write the rows here")

@@ -37,7 +37,13 @@ from streamres._shell.limits import Limits
 from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
 from streamres._shell.shared_cache import SharedAnswers
-from streamres._shell.stream import STREAMING_POOL, ResilientStream, _run, _shared_ssl_context
+from streamres._shell.stream import (
+    POOLS,
+    STREAMING_POOL,
+    ResilientStream,
+    _run,
+    _shared_ssl_context,
+)
 from streamres._shell.tracing import Tracing, traced
 
 __all__ = ["Client"]
@@ -124,6 +130,9 @@ class Client:
         self._limits: Limits | None = None
         self._http = http_client
         self._own_http = http_client is None
+        #: The connection pools this client made (none when given ``http_client``).
+        self._pools: list[httpx.AsyncClient] = []
+        self._turn = 0
         self._deadline = deadline
         self._stall_timeout = stall_timeout
         self._first_token_timeout = first_token_timeout
@@ -160,9 +169,12 @@ class Client:
 
     async def __aenter__(self) -> Client:
         if self._http is None:
-            self._http = httpx.AsyncClient(
-                verify=await _shared_ssl_context(), timeout=None, limits=STREAMING_POOL
-            )
+            verify = await _shared_ssl_context()
+            self._pools = [
+                httpx.AsyncClient(verify=verify, timeout=None, limits=STREAMING_POOL)
+                for _ in range(POOLS)
+            ]
+            self._http = self._pools[0]
         self._stack = contextlib.AsyncExitStack()
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.callback(tg.cancel_scope.cancel)  # flights in progress end with the client
@@ -212,7 +224,9 @@ class Client:
             self._flights = None
             await stack.aclose()
         if self._own_http and self._http is not None:
-            await self._http.aclose()
+            for pool in self._pools:
+                await pool.aclose()
+            self._pools = []
             self._http = None
 
     def stream(
@@ -281,6 +295,9 @@ class Client:
             priority=priority,
         )
         http, limits = self._http, self._limits
+        if self._pools:  # streams spread over the client's pools (see POOLS)
+            self._turn = (self._turn + 1) % len(self._pools)
+            http = self._pools[self._turn]
         trace = None
         if self._tracing.enabled:
             trace = self._tracing.answer(

@@ -72,7 +72,13 @@ _MEMORY = Memory()
 #: for the whole answer, so a cap is a queue, and httpx's default of 100 made 2,000 streams
 #: wait in httpcore's pool — whose cost grows with the square of the waiters — until their
 #: connects timed out); the concurrency limits that matter are the routes' and accounts'.
-STREAMING_POOL = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
+STREAMING_POOL = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+
+#: Connection pools a ``Client`` spreads its streams over, round robin. httpcore's pool does
+#: work in the number of its connections for every request it takes or gives back (and more
+#: for each idle one), so one pool for thousands of concurrent streams costs the square of
+#: them: 300 streams spent half their CPU there. Sixteen pools divide that by sixteen.
+POOLS = 16
 # Extra request headers whose values are credentials (masked like the API key).
 _SECRET_HEADER = re.compile(r"(?i)authorization|api[-_]?key|token|secret|cookie|signature")
 
