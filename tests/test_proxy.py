@@ -577,14 +577,16 @@ async def test_the_board_charts_each_models_last_minutes_in_a_browser(tmp_path: 
     print(f"board screenshots: {', '.join(str(s) for s in shots.values())}")
 
 
-async def test_tenants_never_share_answers() -> None:
+@pytest.mark.parametrize("shared", [False, True])
+async def test_tenants_never_share_answers(shared: bool) -> None:
     """Two client keys ask the same question: each gets its own upstream answer (the cache and
-    single-flight are per key); the same key asking again is answered from its cache."""
+    single-flight are per key); the same key asking again is answered from its cache. With
+    ``[cache] shared = true`` the operator lets them share: one upstream request."""
     async with Upstream() as up:
         raw = {
             "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
             "clients": [{"name": "a", "key_env": "A_KEY"}, {"name": "b", "key_env": "B_KEY"}],
-            "cache": {"ttl": 60},
+            "cache": {"ttl": 60, "shared": shared},
         }
         config = parse(raw, {"A_KEY": "key-a", "B_KEY": "key-b"})
         async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
@@ -599,7 +601,8 @@ async def test_tenants_never_share_answers() -> None:
 
             answers = [await ask("key-a"), await ask("key-b"), await ask("key-a")]
         assert answers == [up.answer(Q)] * 3
-        assert len(up.requests) == 2  # a, then b on its own; a's repeat from a's cache
+        # a, then b on its own (unless shared); a's repeat from a's cache
+        assert len(up.requests) == (1 if shared else 2)
 
 
 async def test_a_proxy_with_a_cache_asks_once_for_a_repeated_question() -> None:
