@@ -747,13 +747,25 @@ def test_a_give_up_error_carries_its_record() -> None:
     assert [a.outcome for a in err.history] == ["permanent"]
 
 
-def test_the_log_tells_the_story() -> None:
-    """structlog events with dotted names and flat keys: the attempt started, the resume
-    scheduled with its reason and delay, the answer done with its counts."""
-    from structlog.testing import capture_logs
+class Recorder:
+    """A logger for the machine (as the shell hands it structlog's): keeps every event."""
 
-    with capture_logs() as logs:
-        drive(answer(), [Plan("drop", after=5)])
+    def __init__(self) -> None:
+        self.logs: list[dict[str, Any]] = []
+
+    def _record(self, event: str, **kw: Any) -> None:
+        self.logs.append({"event": event, **kw})
+
+    debug = info = warning = _record
+
+
+def test_the_log_tells_the_story() -> None:
+    """Events with dotted names and flat keys, told to the logger the machine was handed: the
+    attempt started, the resume scheduled with its reason and delay, the answer done with its
+    counts."""
+    recorder = Recorder()
+    drive(Answer(options(), now=0.0, log=recorder), [Plan("drop", after=5)])
+    logs = recorder.logs
     names = [e["event"] for e in logs]
     assert names.count("streamres.attempt_started") == 2
     (resume,) = [e for e in logs if e["event"] == "streamres.resume_scheduled"]
@@ -771,12 +783,11 @@ def test_the_log_tells_the_story() -> None:
 
 def test_the_log_tells_of_breakers_and_failures() -> None:
     """A breaker that opens is logged with the route; a give-up as streamres.failed."""
-    from structlog.testing import capture_logs
-
     routes = [resolve_route(Route("m0", base_url="http://u.test/v1", api_key="k", name="m0#0"))]
     fleet = Fleet(routes, breaker_threshold=1, breaker_recovery=60.0)
-    with capture_logs() as logs:
-        drive(Answer(options(fleet=fleet, deadline=5.0), now=0.0), [Plan("capacity")])
+    recorder = Recorder()
+    drive(Answer(options(fleet=fleet, deadline=5.0), now=0.0, log=recorder), [Plan("capacity")])
+    logs = recorder.logs
     (opened,) = [e for e in logs if e["event"] == "streamres.breaker_open"]
     assert opened["model"] == "m0#0"
     (failed,) = [e for e in logs if e["event"] == "streamres.failed"]
@@ -982,18 +993,18 @@ def test_an_anthropic_route_always_sends_a_token_limit() -> None:
 def test_the_log_tells_of_cool_downs_weights_and_urls() -> None:
     """A 429 with Retry-After: a cool-down logged with its seconds; a failure that lowers the
     model's weight: logged at debug with the new weight; each attempt's URL, keys masked."""
-    from structlog.testing import capture_logs
-
-    m = answer()
-    with capture_logs() as logs:
-        m.start_answer(0.0)
-        m.started(429, {"content-type": "application/json", "retry-after": "2"}, 0.01, queued=0)
-        m.body(b'{"error":{"type":"rate_limit_error","message":"slow down"}}', 0.01, wall=0.0)
+    recorder = Recorder()
+    m = Answer(options(), now=0.0, log=recorder)
+    m.start_answer(0.0)
+    m.started(429, {"content-type": "application/json", "retry-after": "2"}, 0.01, queued=0)
+    m.body(b'{"error":{"type":"rate_limit_error","message":"slow down"}}', 0.01, wall=0.0)
+    logs = recorder.logs
     (cool,) = [e for e in logs if e["event"] == "streamres.cooldown_started"]
     assert (cool["model"], cool["seconds"]) == ("m0#0", 2.0)
     (started,) = [e for e in logs if e["event"] == "streamres.attempt_started"]
     assert started["url"] == "http://upstream.test/v1/chat/completions" and started["attempt"] == 1
-    with capture_logs() as logs:
-        drive(answer(), [Plan("drop", after=2)])
+    recorder = Recorder()
+    drive(Answer(options(), now=0.0, log=recorder), [Plan("drop", after=2)])
+    logs = recorder.logs
     (weight,) = [e for e in logs if e["event"] == "streamres.weight_changed"][:1]
     assert weight["model"] == "m0#0" and weight["weight"] == pytest.approx(0.7)

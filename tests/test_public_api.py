@@ -98,3 +98,40 @@ def test_a_done_event_converts_copies_and_pickles_with_its_usage() -> None:
     assert dataclasses.asdict(done)["usage"].delivered_tokens == 7
     assert copy.deepcopy(done) == done
     assert pickle.loads(pickle.dumps(done)).usage.output_tokens == 7
+
+
+def test_the_pure_layers_import_nothing_of_the_shell() -> None:
+    """The core, the fleet and the providers are pure: none of their modules imports the I/O
+    shell, the apps, an I/O library or a logging library (the machine logs through the logger
+    its shell hands it)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(streamres.__file__).parent
+    forbidden = (
+        "streamres._shell",
+        "streamres._apps",
+        "streamres.proxy",
+        "streamres.chat",
+        "anyio",
+        "httpx",
+        "structlog",
+        "logging",
+    )
+    found = []
+    for layer in ("_core", "_fleet", "_providers"):
+        for path in sorted((root / layer).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                found += [
+                    f"{layer}/{path.name}: {n}"
+                    for n in names
+                    if any(n == f or n.startswith(f + ".") for f in forbidden)
+                ]
+    assert found == []

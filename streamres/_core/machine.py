@@ -104,6 +104,7 @@ from streamres._core.events import (
     Usage,
 )
 from streamres._core.inflate import InflateError, Inflater
+from streamres._core.logs import SILENT, Log
 from streamres._core.options import Options
 from streamres._core.policy import connect_timeout, decide, reinterpret
 from streamres._core.redact import Redactor, redact_url, url_secrets
@@ -122,7 +123,6 @@ from streamres._providers import anthropic as _anthropic
 from streamres._providers import openai as _openai
 from streamres._providers import responses as _responses
 from streamres._providers.wire import DECODE_ERRORS, HttpRequest, StreamDecoder
-from streamres._shell.log import log
 
 __all__ = [
     "READ",
@@ -300,11 +300,6 @@ ERROR_BODY_LIMIT = 64 * 1024
 DRAIN_SECONDS = 1.0
 
 
-def _log_breaker(route: Route, state: str | None) -> None:
-    if state is not None:
-        log.info(f"streamres.breaker_{state}", model=route.key)
-
-
 class _Attempt:
     """The state of the attempt in progress."""
 
@@ -374,8 +369,11 @@ class Answer:
         load_now: Callable[[str], tuple[str, Counter]] | None = None,
         secret_headers: Callable[[str], bool] = lambda name: False,
         shared_budget: bool = False,
+        log: Log = SILENT,
     ) -> None:
         self.opts = opts
+        #: Where what happened is told (the shell's logger; by default, nowhere).
+        self.log = log
         self.fleet = opts.fleet
         #: The retry budget is shared between processes: the shell asks it (``Reserve``).
         self.shared_budget = shared_budget
@@ -636,6 +634,10 @@ class Answer:
 
     # -- steps -------------------------------------------------------------------------------
 
+    def _breaker_moved(self, route: Route, state: str | None) -> None:
+        if state is not None:
+            self.log.info(f"streamres.breaker_{state}", model=route.key)
+
     def _attempt(self) -> _Attempt:
         assert self.at is not None, "no attempt in progress"
         return self.at
@@ -784,7 +786,7 @@ class Answer:
         if wait > 0:
             wait = after_hint(wait, self.opts.rng.random())
         if turn > 0:
-            log.info("streamres.retry_budget_spent", model=at.route.key, wait=turn)
+            self.log.info("streamres.retry_budget_spent", model=at.route.key, wait=turn)
         wait = max(wait, turn)
         if wait > 0:
             if now + wait >= self.t_end:
@@ -882,7 +884,7 @@ class Answer:
         at.tokens_before = self.ledger.tokens if self.ledger is not None else 0
         self.fleet.started(at.index, resume=bool(self.chars))
         at.books = "started"
-        log.debug(
+        self.log.debug(
             "streamres.attempt_started",
             model=route.key,
             attempt=at.number,
@@ -970,7 +972,7 @@ class Answer:
             if self.cut == "max_tokens"
             else f"ReadLimits.answer={self.opts.read_limits.answer}"
         )
-        log.warning(
+        self.log.warning(
             "streamres.answer_cut",
             model=at.route.key,
             chars=self.chars,
@@ -1035,21 +1037,21 @@ class Answer:
         seconds = now - at.started
         ttft = at.first_content - at.started if at.first_content is not None else None
         if fail is None:
-            _log_breaker(route, fleet.succeeded(index, now, ttft=ttft, latency=seconds))
+            self._breaker_moved(route, fleet.succeeded(index, now, ttft=ttft, latency=seconds))
         else:
             transition = fleet.failed(
                 index, now, fail.kind, ttft=ttft, retry_after=fail.retry_after
             )
-            _log_breaker(route, transition)
+            self._breaker_moved(route, transition)
             if fail.retry_after is not None:
-                log.info(
+                self.log.info(
                     "streamres.cooldown_started",
                     model=route.key,
                     seconds=round(fail.retry_after, 3),
                 )
         at.books = "recorded"
         if fleet.states[index].weight.current != weight:
-            log.debug(
+            self.log.debug(
                 "streamres.weight_changed",
                 model=route.key,
                 weight=round(fleet.states[index].weight.current, 4),
@@ -1174,7 +1176,7 @@ class Answer:
         )
         tokens = self._tokens() if self.chars else 0
         route = at.route
-        log.info(
+        self.log.info(
             _LOG_EVENT[decision.action, bool(self.chars)],
             model=route.key,
             attempt=at.number,
@@ -1273,7 +1275,7 @@ class Answer:
                 encoding=self.encoding or "reported",
             )
         elapsed = now - self.start
-        log.info(
+        self.log.info(
             "streamres.done",
             model=self.model,
             attempts=len(self.history),
@@ -1338,7 +1340,7 @@ class Answer:
         return Fail(self._error(cls, message, self.last if last == 0 else last))
 
     def _error(self, cls: type[StreamError], message: str, last: Failure | None) -> StreamError:
-        log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
+        self.log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
         return cls(
             self.redactor.redact(message),
             partial_text=self.text,
@@ -1427,7 +1429,7 @@ class Answer:
             before = self.fleet.states[i].breaker.state
             allowed = self.fleet.try_acquire(i, now)
             after = self.fleet.states[i].breaker.state
-            _log_breaker(self.fleet.routes[i], after if after != before else None)
+            self._breaker_moved(self.fleet.routes[i], after if after != before else None)
             if allowed:
                 return pos, now
         return None, min(self.fleet.available_at(i, now) for i in self.opts.chain)

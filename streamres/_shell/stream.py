@@ -52,7 +52,7 @@ from streamres._core.stall import FIRST_OUTPUT
 from streamres._core.tokens import Counter, counter_for
 from streamres._fleet.fleet import Fleet
 from streamres._shell.limits import Limits
-from streamres._shell.log import mask_http_logs
+from streamres._shell.log import log, mask_http_logs
 from streamres._shell.shared import SharedState
 from streamres._shell.timer import TIMEOUT, ReadTimer, clock
 from streamres._shell.tracing import Tracing, traced
@@ -471,6 +471,7 @@ async def _run(
         load_now=_load_counter_now,
         secret_headers=lambda name: bool(_SECRET_HEADER.search(name)),
         shared_budget=isinstance(limits, SharedState),
+        log=log,
     )
     mask_http_logs(m.secrets)
     shell = _Shell(m, client, limits)
