@@ -15,6 +15,7 @@ import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -80,9 +81,18 @@ class Hostile:
                 await stream.aclose()
 
 
+class _Server(Protocol):
+    port: int
+
+    async def handle(self, stream: anyio.abc.SocketStream) -> None: ...
+
+
+S = TypeVar("S", bound=_Server)
+
+
 @asynccontextmanager
-async def hostile(*responses: Response) -> AsyncIterator[Hostile]:
-    server = Hostile(list(responses))
+async def serving(server: S) -> AsyncIterator[S]:
+    """``server`` on a free loopback port until the block ends."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     server.port = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener, anyio.create_task_group() as tg:
@@ -91,6 +101,12 @@ async def hostile(*responses: Response) -> AsyncIterator[Hostile]:
             yield server
         finally:
             tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def hostile(*responses: Response) -> AsyncIterator[Hostile]:
+    async with serving(Hostile(list(responses))) as server:
+        yield server
 
 
 # -- building responses ------------------------------------------------------------------
@@ -204,12 +220,5 @@ class Endless:
 
 @asynccontextmanager
 async def endless(piece: str = "x" * 1000, gap: float = 0.0) -> AsyncIterator[Endless]:
-    server = Endless(piece, gap)
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    server.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, server.handle)
-        try:
-            yield server
-        finally:
-            tg.cancel_scope.cancel()
+    async with serving(Endless(piece, gap)) as server:
+        yield server

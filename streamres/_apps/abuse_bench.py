@@ -82,14 +82,6 @@ def _servers(server: str = "") -> Iterator[tuple[str, int]]:
             os.unlink(path)
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 async def _watch(url: str, pid: int, done: anyio.Event | float, row: dict[str, Any]) -> None:
     """/health every 50 ms and the proxy's RSS, until ``done`` (an event, or seconds): into
     ``row``."""
@@ -102,7 +94,7 @@ async def _watch(url: str, pid: int, done: anyio.Event | float, row: dict[str, A
             r = await http.get(url + "/health")
             lat.append((time.perf_counter() - t) * 1000)
             assert r.status_code == 200
-            rss = max(rss, _rss_mib(pid))
+            rss = max(rss, _peak_rss_mib(pid, "VmRSS"))
             await anyio.sleep(0.05)
     lat.sort()
     row["health_p50_ms"] = statistics.median(lat)

@@ -161,10 +161,11 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def _peak_rss_mib(pid: int) -> float:
+def _peak_rss_mib(pid: int, field: str = "VmHWM") -> float:
+    """A process's peak RSS (``field="VmRSS"``: its RSS now), in MiB."""
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return float(line.split()[1]) / 1024
     return 0.0
 

@@ -19,6 +19,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -50,26 +51,36 @@ def _proxy(upstream: str) -> Any:
     return _process(argv, "streamres proxy on")
 
 
+async def _exact(n: int, answer: Callable[[], Awaitable[str | None]], expected: str) -> int:
+    """``n`` answers at once: how many are exactly ``expected`` (``None``: it failed)."""
+    exact = 0
+
+    async def one() -> None:
+        nonlocal exact
+        exact += await answer() == expected
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(one)
+    return exact
+
+
 async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
     route = streamres.Route("m", base_url=f"{url}/v1", api_key="k")
-    exact = 0
     cpu0, t0 = time.process_time(), time.perf_counter()
     async with streamres.Client([route]) as client:
 
-        async def one() -> None:
-            nonlocal exact
+        async def answer() -> str | None:
             text = ""
             try:
                 async for ev in client.stream(Q, deadline=300):
                     if ev.type == "text":
                         text += ev.text
             except streamres.StreamError:
-                return
-            exact += text == expected
+                return None
+            return text
 
-        async with anyio.create_task_group() as tg:
-            for _ in range(n):
-                tg.start_soon(one)
+        exact = await _exact(n, answer, expected)
         m = client.metrics()["m"]
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -85,30 +96,26 @@ async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
 
 
 async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str, Any]:
-    exact = 0
     cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     body = {"model": "m", "messages": Q, "stream": True}
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
 
-        async def one() -> None:
-            nonlocal exact
+        async def answer() -> str | None:
             text = ""
             try:
                 async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
                     if r.status_code != 200:
-                        return
+                        return None
                     async for line in r.aiter_lines():
                         if line.startswith("data: {"):
                             choices = json.loads(line[6:]).get("choices") or [{}]
                             text += (choices[0].get("delta") or {}).get("content") or ""
             except httpx.HTTPError:
-                return
-            exact += text == expected
+                return None
+            return text
 
-        async with anyio.create_task_group() as tg:
-            for _ in range(n):
-                tg.start_soon(one)
+        exact = await _exact(n, answer, expected)
         health = (await http.get(url + "/health")).json()["models"]["m"]
     return {
         "exact": exact,
