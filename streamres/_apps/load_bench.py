@@ -57,7 +57,8 @@ async def _exact(n: int, answer: Callable[[], Awaitable[str | None]], expected: 
 
     async def one() -> None:
         nonlocal exact
-        exact += await answer() == expected
+        ok = await answer() == expected  # awaited first: ``exact +=`` would read it before
+        exact += ok
 
     async with anyio.create_task_group() as tg:
         for _ in range(n):
