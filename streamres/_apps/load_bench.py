@@ -14,6 +14,7 @@ stream, the breaker's openings and the attempts that failed on the client's side
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import resource
 import sys
@@ -51,19 +52,26 @@ def _proxy(upstream: str) -> Any:
     return _process(argv, "streamres proxy on")
 
 
-async def _exact(n: int, answer: Callable[[], Awaitable[str | None]], expected: str) -> int:
-    """``n`` answers at once: how many are exactly ``expected`` (``None``: it failed)."""
+async def _exact(
+    n: int, answer: Callable[[], Awaitable[str]], expected: str
+) -> tuple[int, dict[str, int]]:
+    """``n`` answers at once: how many are exactly ``expected``, and why the others are not
+    (``answer`` returns the text, or why there is none)."""
     exact = 0
+    others: collections.Counter[str] = collections.Counter()
 
     async def one() -> None:
         nonlocal exact
-        ok = await answer() == expected  # awaited first: ``exact +=`` would read it before
-        exact += ok
+        got = await answer()  # awaited first: ``exact +=`` would read it before
+        if got == expected:
+            exact += 1
+        else:
+            others[got if got.startswith("!") else "!different text"] += 1
 
     async with anyio.create_task_group() as tg:
         for _ in range(n):
             tg.start_soon(one)
-    return exact
+    return exact, dict(others)
 
 
 async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
@@ -71,23 +79,24 @@ async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
     cpu0, t0 = time.process_time(), time.perf_counter()
     async with streamres.Client([route]) as client:
 
-        async def answer() -> str | None:
+        async def answer() -> str:
             text = ""
             try:
                 async for ev in client.stream(Q, deadline=300):
                     if ev.type == "text":
                         text += ev.text
-            except streamres.StreamError:
-                return None
+            except streamres.StreamError as exc:
+                return f"!{type(exc).__name__}"
             return text
 
-        exact = await _exact(n, answer, expected)
+        exact, others = await _exact(n, answer, expected)
         m = client.metrics()["m"]
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     opened = sum(1 for _, state in m.breaker_changes if state == "open")
     return {
         "exact": exact,
+        "not_exact": others,
         "wall_s": wall,
         "cpu_s": cpu,
         "rss_mib": rss,
@@ -102,24 +111,28 @@ async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str,
     body = {"model": "m", "messages": Q, "stream": True}
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
 
-        async def answer() -> str | None:
+        async def answer() -> str:
             text = ""
             try:
                 async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
                     if r.status_code != 200:
-                        return None
+                        return f"!HTTP {r.status_code}"
                     async for line in r.aiter_lines():
                         if line.startswith("data: {"):
-                            choices = json.loads(line[6:]).get("choices") or [{}]
+                            event = json.loads(line[6:])
+                            if "error" in event:
+                                return "!in-band error: " + str(event["error"].get("code"))
+                            choices = event.get("choices") or [{}]
                             text += (choices[0].get("delta") or {}).get("content") or ""
-            except httpx.HTTPError:
-                return None
+            except httpx.HTTPError as exc:
+                return f"!{type(exc).__name__}"
             return text
 
-        exact = await _exact(n, answer, expected)
+        exact, others = await _exact(n, answer, expected)
         health = (await http.get(url + "/health")).json()["models"]["m"]
     return {
         "exact": exact,
+        "not_exact": others,
         "wall_s": time.perf_counter() - t0,
         "cpu_s": _cpu_seconds(pid) - cpu0,
         "rss_mib": _peak_rss_mib(pid),
@@ -180,6 +193,9 @@ def main(argv: list[str]) -> int:
         "client_side",
     ]
     print(_table(rows, columns))
+    for row in rows:
+        if row["not_exact"]:
+            print(f"  {row['path']} {row['faults']} {row['streams']}: not exact:", row["not_exact"])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=2)
