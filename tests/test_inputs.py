@@ -36,6 +36,7 @@ PDF = base64.b64encode(b"%PDF-1.4 tiny").decode()
         ("anthropic", {"stop": "END"}, {"stop_sequences": ["END"]}),
         ("anthropic", {"user": "u1"}, {"metadata": {"user_id": "u1"}}),
         ("anthropic", {"top_k": 5, "n": 1, "presence_penalty": 0}, {"top_k": 5}),
+        ("anthropic", {"store": False, "logprobs": False}, {}),
         ("openai", {"stop_sequences": ["a"]}, {"stop": ["a"]}),
         (
             "openai",
@@ -81,6 +82,7 @@ def test_parameters_are_converted_for_each_provider(
         ("anthropic", {"presence_penalty": 0.5}, "presence_penalty"),
         ("anthropic", {"logit_bias": {"50256": -100}}, "logit_bias"),
         ("anthropic", {"reasoning_effort": "high"}, "reasoning_effort"),
+        ("anthropic", {"store": True}, "store"),
         ("openai-responses", {"stop": ["x"]}, "stop"),
         ("openai-responses", {"top_k": 3}, "top_k"),
     ],
@@ -282,3 +284,35 @@ async def test_requests_differing_only_in_a_parameter_or_an_image_do_not_share_t
             for body in (base, base, json_mode, json_mode, picture("a.png"), picture("b.png")):
                 assert (await http.post(url, json=body)).status_code == 200
     assert len(up.requests) == 4  # base, json_mode, a.png, b.png: each once
+
+
+@pytestmark_proxy
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"deadline": 1e9},
+        {"headers": {"x-api-key": "someone-else"}},
+        {"cache_scope": "another-team"},
+        {"priority": 100},
+        {"base_url": "http://elsewhere.test/v1"},
+    ],
+)
+async def test_a_field_named_as_the_library_s_own_argument_is_refused(
+    field: dict[str, Any],
+) -> None:
+    """Body fields go to the library as extra fields, so one named as its own argument would
+    set it (a longer deadline, headers to the upstream, another key's cache, a higher lane):
+    a 400 naming it, and nothing sent upstream."""
+    async with (
+        hostile(ANSWER) as up,
+        running(proxy_config(up.url), port=0) as run,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        r = await http.post(
+            run.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], **field},
+        )
+    assert r.status_code == 400, r.text
+    assert f"{next(iter(field))!r} is not a field of this API" in r.json()["error"]["message"]
+    assert up.requests == []

@@ -45,6 +45,11 @@ _NONE: dict[str, dict[str, str]] = {
         "verbosity": "Anthropic's API has no verbosity",
         "background": "background responses are the Responses API's",
         "n": "streamres streams one answer per call",
+        "store": "Anthropic's API keeps no responses to fetch later",
+        "modalities": "Anthropic's API answers in text",
+        "audio": "Anthropic's API answers in text",
+        "prediction": "Anthropic's API takes no predicted output",
+        "web_search_options": "give Anthropic's web search tool instead",
     },
     "openai": {
         "background": "background responses are the Responses API's",
@@ -156,7 +161,9 @@ def for_provider(provider: str, params: Mapping[str, Any]) -> dict[str, Any]:
         if reasoning:
             out["reasoning"] = reasoning
     refused = _NONE.get(provider, {})
-    for name in out:
-        if name in refused and out[name] is not None and out[name] is not False:
+    for name in [n for n in out if n in refused]:
+        if out[name] is None or out[name] is False:
+            del out[name]  # asks for nothing this provider would have to honour
+        else:
             raise ValueError(f"{name} cannot be sent to this model: {refused[name]}")
     return out

@@ -24,6 +24,7 @@ import base64
 import collections
 import contextlib
 import hmac
+import inspect
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -34,6 +35,7 @@ import anyio
 
 import streamres
 from streamres._core.lanes import NORMAL, parse_priority
+from streamres._core.options import KNOWN_ARGUMENTS
 from streamres._shell.extras import install_hint
 from streamres._shell.tracing import otel_installed
 from streamres.proxy.board import BOARD_HTML
@@ -53,6 +55,15 @@ _APIS: dict[str, API] = {
     "/v1/messages": "anthropic",
     "/v1/responses": "responses",
 }
+
+#: ``Client.stream``'s own arguments: a request body's fields go to it as extra body fields, so
+#: a field by one of these names would set the argument instead (a longer deadline, headers to
+#: the upstream, another client key's cache): refused.
+_OWN_ARGUMENTS = frozenset(
+    name
+    for name, p in inspect.signature(streamres.Client.stream).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+) | frozenset(KNOWN_ARGUMENTS)
 
 #: The pages for operators: behind the operator key once client keys are configured.
 _OPERATOR_PAGES = frozenset({"/", "/health", "/health/stream", "/metrics"})
@@ -207,6 +218,14 @@ class Proxy:
                         f"GET /v1/models lists {sorted(self.config.models)}",
                     )
                 priority = _priority(headers, state)
+                own = sorted(_OWN_ARGUMENTS & call.params.keys())
+                if own:
+                    # Not fields of the API: names of the library's own arguments (a deadline,
+                    # headers, a cache scope, a lane), which are the operator's, never a
+                    # client's to set through the body.
+                    raise _Refused(
+                        400, f"{own[0]!r} is not a field of this API; the proxy sets it itself"
+                    )
             except (_Refused, BadRequest) as exc:
                 status = exc.status if isinstance(exc, _Refused) else 400
                 retry = exc.retry_after if isinstance(exc, _Refused) else None
