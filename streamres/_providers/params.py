@@ -3,13 +3,14 @@
 A caller (the proxy's clients too) writes a request's other parameters in any of the three
 APIs' names; each provider gets them in its own, so a model chain may mix providers without a
 parameter going missing. A parameter another provider has under another name is converted; one
-it has no equivalent for is refused before any request is sent (``ValueError`` naming it), never
-dropped; one this table does not know passes as it is (the upstream judges it)::
+it has no equivalent for, or one this table does not convert, is refused before any request is
+sent (``ValueError`` naming it), never dropped; one this table does not know passes as it is
+(the upstream judges it)::
 
     OpenAI Chat               Anthropic Messages           Responses API
     stop                      stop_sequences               (none: refused)
-    reasoning_effort          (refused: give thinking=)    reasoning.effort
-    response_format           (none: refused)              text.format (json_schema flattened)
+    reasoning_effort          (refused: not converted)     reasoning.effort
+    response_format           (refused: not converted)     text.format (json_schema flattened)
     verbosity                 (none: refused)              text.verbosity
     user                      metadata.user_id             user
     parallel_tool_calls=false tool_choice.disable_parallel_tool_use  parallel_tool_calls
@@ -27,7 +28,8 @@ from typing import Any
 
 __all__ = ["for_provider"]
 
-#: Parameters a provider has no equivalent for (so they are refused there), with what to do.
+#: Parameters a provider has no equivalent for, or that are not converted for it (so they are
+#: refused there), with what to do.
 _NONE: dict[str, dict[str, str]] = {
     "anthropic": {
         "seed": "Anthropic's API has no seed",
@@ -36,12 +38,14 @@ _NONE: dict[str, dict[str, str]] = {
         "logit_bias": "Anthropic's API has no logit bias",
         "logprobs": "Anthropic's API returns no log probabilities",
         "top_logprobs": "Anthropic's API returns no log probabilities",
-        "response_format": "Anthropic's API has no response_format (describe the format, or "
-        "use a tool with the schema)",
-        "text": "Anthropic's API has no text.format (describe the format, or use a tool)",
-        "reasoning_effort": "give thinking={'type': 'enabled', 'budget_tokens': N} for Anthropic "
-        "routes (an effort has no exact budget)",
-        "reasoning": "give thinking={'type': 'enabled', 'budget_tokens': N} for Anthropic routes",
+        "response_format": "it is not converted for Anthropic routes; give them "
+        "output_config={'format': …} in Anthropic's own shape",
+        "text": "text.format is not converted for Anthropic routes; give them "
+        "output_config={'format': …} in Anthropic's own shape",
+        "reasoning_effort": "it is not converted for Anthropic routes; give them "
+        "output_config={'effort': …} or thinking={…} in Anthropic's own shape",
+        "reasoning": "it is not converted for Anthropic routes; give them "
+        "output_config={'effort': …} or thinking={…} in Anthropic's own shape",
         "verbosity": "Anthropic's API has no verbosity",
         "background": "background responses are the Responses API's",
         "n": "streamres streams one answer per call",

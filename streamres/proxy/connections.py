@@ -24,9 +24,14 @@ import asyncio
 import json
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
+from streamres._shell.extras import require
 from streamres.proxy.config import ServerLimits
+
+require("uvicorn", "streamres proxy")
+
+from uvicorn.protocols.http.httptools_impl import (  # noqa: E402  (after the check naming the extra)
+    HttpToolsProtocol,
+)
 
 __all__ = ["Guarded", "guarded"]
 
