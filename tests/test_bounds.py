@@ -186,9 +186,9 @@ def test_a_deadline_failure_is_a_deadline_even_at_the_attempt_cap() -> None:
 def test_a_quota_429_with_a_hint_does_not_move_the_breaker() -> None:
     """429 + Retry-After: a cool-down (capped), the breaker untouched; without a hint it counts."""
     fleet = Fleet([Route("m", base_url="http://h/v1")], breaker_threshold=1)
-    fleet.started(0, resume=False)
+    fleet.started(0, 10.0, resume=False)
     assert fleet.failed(0, 10.0, "rate_limit", ttft=None, retry_after=86_400) is None
     assert fleet.states[0].breaker.state == "closed"
     assert fleet.cooldown_left(0, 10.0) == MAX_COOLDOWN
-    fleet.started(0, resume=False)
+    fleet.started(0, 11.0, resume=False)
     assert fleet.failed(0, 11.0, "rate_limit", ttft=None, retry_after=None) == "open"

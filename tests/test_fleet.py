@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,6 +33,71 @@ def test_success_resets_the_count() -> None:
     b.record_success(0)
     b.record_failure(0)
     assert b.state == "closed"
+
+
+def test_one_stream_at_a_time_three_failures_in_a_row_still_open() -> None:
+    """The seed's rule where traffic is light: a model answering once a second, then failing
+    three times in a row, is opened — its window holds too few outcomes to judge by rate."""
+    b = CircuitBreaker(threshold=3)
+    for t in range(60):
+        b.record_success(t)
+    assert b.failure_rate(60) is None  # about 10 outcomes in the window, under 20
+    assert [b.record_failure(60 + t) for t in range(3)] == ["closed", "closed", "open"]
+
+
+def _busy(b: CircuitBreaker, fail_every: int, seconds: float, per_second: int) -> list[str]:
+    """Many streams at once: ``per_second`` start every second for ``seconds``, each ending
+    a second after it started; one in ``fail_every`` fails — and fails fast (a refused
+    connection), so the failures of each second all come first, in a row."""
+    states: list[str] = []
+    n = int(seconds * per_second)
+    for sec in range(int(seconds) + 1):
+        if sec < seconds:
+            for k in range(per_second):
+                b.record_start(sec + k / per_second / 10)
+        if sec == 0:
+            continue  # the first ends come a second after the first starts
+        fails = per_second // fail_every
+        for k in range(min(per_second, n - (sec - 1) * per_second)):
+            now = sec + k / per_second
+            if k < fails:
+                states.append(b.record_failure(now - 0.99))  # fast: just after it started
+            else:
+                states.append(b.record_success(now))
+    return states
+
+
+def test_a_busy_model_failing_one_answer_in_five_stays_closed() -> None:
+    """A thousand streams a second, a fifth of them refused at once: two hundred failures in
+    a row come round every second — before any success of that second — yet four answers in
+    five succeed; the circuit stays closed. Failures in a row alone open it in the first
+    second."""
+    b = CircuitBreaker(threshold=3)
+    assert "open" not in _busy(b, fail_every=5, seconds=60, per_second=1000)
+    rate = b.failure_rate(61)
+    assert rate is not None and 0.15 < rate < 0.25
+    assert "open" in _busy(CircuitBreaker(threshold=3, volume=math.inf), 5, 2, 1000)  # no rate
+
+
+def test_a_busy_model_failing_most_answers_opens_within_a_few_failures() -> None:
+    """An outage on a busy model (every attempt refused) opens it at its third failure; a
+    model going from one answer in five failing to three in four opens within the window."""
+    b = CircuitBreaker(threshold=3)
+    for k in range(1000):
+        b.record_start(k / 1000)
+        if b.record_failure(k / 1000 + 0.001) == "open":
+            break
+    assert k == 2
+    b = CircuitBreaker(threshold=3)
+    _busy(b, fail_every=5, seconds=30, per_second=100)  # a fifth failing for 30 s
+    t, opened = 31.0, None
+    for k in range(2000):  # then three in four fail
+        t += 0.01
+        b.record_start(t)
+        if (b.record_failure(t) if k % 4 else b.record_success(t)) == "open":
+            opened = t
+            break
+    assert opened is not None and opened - 31 < b.window  # the window catches up
 
 
 def test_half_open_lets_one_probe_through() -> None:

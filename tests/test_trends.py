@@ -33,7 +33,7 @@ def _second(fleet: Fleet, now: float, *, fail: float, ttft: float, rng: random.R
         t = now + k * 0.5
         if not fleet.try_acquire(0, t):
             continue
-        fleet.started(0, resume=False)
+        fleet.started(0, t, resume=False)
         if rng.random() < fail:
             fleet.failed(0, t, "capacity", ttft=None, retry_after=None)
         else:
@@ -131,7 +131,7 @@ def test_steady_noise_is_not_a_warning(seed: int) -> None:
     fleet = Fleet([streamres.Route("a", base_url="http://a/v1")], breaker_threshold=1000)
     for tick in range(1200):
         now = tick / 2
-        fleet.started(0, resume=False)
+        fleet.started(0, now, resume=False)
         if rng.random() < 0.02:
             fleet.failed(0, now, "capacity", ttft=None, retry_after=None)
         else:

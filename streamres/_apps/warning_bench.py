@@ -54,7 +54,7 @@ def simulate(steering: bool, seed: int = 0, seconds: int = 600, rate: int = 4) -
         for i in chain:
             if not fleet.try_acquire(i, now):
                 continue
-            fleet.started(i, resume=False)
+            fleet.started(i, now, resume=False)
             if 120 <= now < 360:
                 to_a_sliding += i == 0
             p = _refusal_rate(now) if i == 0 else 0.0

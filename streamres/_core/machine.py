@@ -882,7 +882,7 @@ class Answer:
         self.stall.start(now)
         at.chars_before = self.chars
         at.tokens_before = self.ledger.tokens if self.ledger is not None else 0
-        self.fleet.started(at.index, resume=bool(self.chars))
+        self.fleet.started(at.index, now, resume=bool(self.chars))
         at.books = "started"
         self.log.debug(
             "streamres.attempt_started",

@@ -119,8 +119,10 @@ class Fleet:
 
     # -- recording ------------------------------------------------------------------------
 
-    def started(self, i: int, *, resume: bool) -> None:
-        stats = self.states[i].stats
+    def started(self, i: int, now: float, *, resume: bool) -> None:
+        s = self.states[i]
+        s.breaker.record_start(now)
+        stats = s.stats
         stats.started()
         stats.resumes += resume
 
