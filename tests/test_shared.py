@@ -213,6 +213,40 @@ async def test_streams_go_on_when_redis_goes_away_and_rejoin(redis_server: Redis
         assert up.peak_in_flight() <= 3
 
 
+async def test_a_redis_slow_to_answer_at_start_is_waited_for(redis_server: RedisServer) -> None:
+    """A machine busy starting many processes: Redis answers the first calls (connecting,
+    loading the scripts) only after 0.8 s — past a stream's 0.25 s bound. The client waits for
+    them (their own patience) and starts on the fleet's limits, not on local ones."""
+    import socket
+
+    host, port = "127.0.0.1", int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    opened = anyio.current_time()
+
+    async def forward(client: anyio.abc.SocketStream) -> None:
+        await anyio.sleep_until(opened + 0.8)  # the slow start itself, not a synchronisation
+        async with client, await anyio.connect_tcp(host, port) as server:
+
+            async def pump(a: anyio.abc.SocketStream, b: anyio.abc.SocketStream) -> None:
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    async for chunk in a:
+                        await b.send(chunk)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pump, client, server)
+                tg.start_soon(pump, server, client)
+
+    listener = await anyio.create_tcp_listener(local_host=host, family=socket.AF_INET)
+    slow = f"redis://{host}:{listener.extra(anyio.abc.SocketAttribute.local_port)}/0"
+    async with Upstream() as up, listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, forward)
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", max_in_flight=2)
+        async with streamres.Client([route], shared=slow) as client:
+            assert await _text(client) == up.answer(Q)
+            status = client.shared_status()
+            assert status is not None and status.connected and status.local_fallbacks == 0
+        tg.cancel_scope.cancel()
+
+
 async def test_round_trips_per_stream_on_the_fault_free_path(redis_server: RedisServer) -> None:
     """A warm answer under a shared limit costs two Redis round trips: one script takes the
     slot, one gives it back. Counted by the client, by script, and by the server (top-level

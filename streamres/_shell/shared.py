@@ -38,7 +38,15 @@ it keeps to the limit with what it already has: a warning is logged once, every 
 says so, and ``Client.shared_status()`` counts the slots taken locally; a background check
 rejoins when Redis takes writes again (a Redis out of memory still answers pings), after
 putting back every slot this process holds (leases lost by a Redis that restarted empty, slots
-taken while it was away). Works with Redis and Valkey through coredis (by the author of the
+taken while it was away) and taking back the leases Redis may hold that no answer uses
+(releases it missed, calls it ran after their replies were given up: a paused Redis). While
+Redis is away each process keeps its share of each limit (the limit over the processes it last
+saw). A Redis that loses its data without going away (FLUSHALL, an eviction) is found by the
+fleet's *epoch* — a key each process checks every second and every slot request carries: gone
+or new, the process puts its leases back, and for 1.5 s no new slot is taken, so every process
+has put its own back first. The first calls at start (connecting, loading the scripts) have
+their own patience (``STARTUP``, 5 s): a machine busy starting many processes does not start
+them on local limits. Works with Redis and Valkey through coredis (by the author of the
 ``limits`` library), built on anyio: asyncio and trio alike.
 """
 
@@ -69,18 +77,44 @@ __all__ = ["SharedState", "SharedStatus"]
 #: Seconds a slot's lease lasts unless extended (a crashed process frees its slots after this).
 LEASE = 30.0
 
-#: A slot on every key, or a place in their waiting lines. KEYS: the slot sets; ARGV[1] the
-#: lease id, [2] its ms, [3] the priority, [4] ms a waiter's place lasts unless renewed, [5...]
-#: the limits. Each set ``K`` has a line ``K:line`` (score: minus the priority times 1e13, plus
-#: the ms of arrival: higher lanes first, then first come) and ``K:alive`` (score: when the
-#: waiter's place lapses: a crashed process's waiters drop out). A slot is taken only when
-#: there are more free slots than waiters ahead; else the waiter keeps (or takes) its place.
+#: Seconds the first calls to Redis (connecting, loading the scripts) may take at start.
+STARTUP = 5.0
+
+#: ms after a lost-data epoch during which no slot is taken (every process checks each second).
+EPOCH_GRACE = 1500
+
+#: A slot on every key, or a place in their waiting lines. KEYS[1]: the epoch (below), then
+#: the slot sets; ARGV[1] the lease id, [2] its ms, [3] the priority, [4] ms a waiter's place
+#: lasts unless renewed, [5] the epoch this process knows ('' if none yet), [6...] the limits.
+#: Each set ``K`` has a line ``K:line`` (score: minus the priority times 1e13, plus the ms of
+#: arrival: higher lanes first, then first come) and ``K:alive`` (score: when the waiter's
+#: place lapses: a crashed process's waiters drop out). A slot is taken only when there are
+#: more free slots than waiters ahead; else the waiter keeps (or takes) its place.
+#:
+#: The epoch is a key written once for a fleet's Redis: ``f<ms>`` when the first process
+#: found none, ``r<ms>`` when a process found it gone (FLUSHALL, a restart without data, an
+#: eviction) and put its leases back. Returns ``{1|0|-1, epoch}``: taken, wait, or *Redis
+#: lost its data* — this process's leases are not in it: put them back first. For
+#: ``EPOCH_GRACE`` ms after an ``r`` epoch nothing is taken, so that every process (each
+#: checks the epoch every second) has put its leases back before new ones are counted.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  if ARGV[5] ~= '' then return {-1, ''} end
+  epoch = 'f' .. now
+  redis.call('SET', KEYS[1], epoch)
+elseif ARGV[5] ~= '' and ARGV[5] ~= epoch then
+  return {-1, epoch}
+end
+if string.sub(epoch, 1, 1) == 'r' and now < tonumber(string.sub(epoch, 2)) + EPOCH_GRACE then
+  return {0, epoch}
+end
 local lease, rank = ARGV[1], -tonumber(ARGV[3]) * 1e13 + now
 local ok = true
-for i, key in ipairs(KEYS) do
+for i = 2, #KEYS do
+  local key = KEYS[i]
   local line, alive = key .. ':line', key .. ':alive'
   local gone = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
   for _, id in ipairs(gone) do
@@ -93,7 +127,8 @@ for i, key in ipairs(KEYS) do
   local ahead = redis.call('ZCOUNT', line, '-inf', '(' .. string.format('%.17g', rank))
   if tonumber(ARGV[4 + i]) - redis.call('ZCARD', key) <= ahead then ok = false end
 end
-for i, key in ipairs(KEYS) do
+for i = 2, #KEYS do
+  local key = KEYS[i]
   local line, alive = key .. ':line', key .. ':alive'
   if ok then
     redis.call('ZADD', key, now + tonumber(ARGV[2]), lease)
@@ -107,8 +142,19 @@ for i, key in ipairs(KEYS) do
     redis.call('PEXPIRE', alive, tonumber(ARGV[2]) * 2)
   end
 end
-if ok then return 1 end
-return 0
+if ok then return {1, epoch} end
+return {0, epoch}
+""".replace("EPOCH_GRACE", str(EPOCH_GRACE))
+
+#: The epoch after this process put its leases back into a Redis that lost them: the one
+#: another process already wrote, or a new ``r<ms>`` (KEYS[1] the epoch).
+_REEPOCH = """
+local epoch = redis.call('GET', KEYS[1])
+if epoch then return epoch end
+local t = redis.call('TIME')
+epoch = 'r' .. (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('SET', KEYS[1], epoch)
+return epoch
 """
 
 #: A waiter that gave up (its deadline, or cancelled) leaves the lines; the next one may be
@@ -126,18 +172,9 @@ return 1
 #: second, and at every release).
 WAITER = 3000
 
-_EXTEND = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for i, key in ipairs(KEYS) do
-  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[1])
-  redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
-end
-return 1
-"""
-
-#: A lease put back whatever the count (Redis came back without it): ARGV[1] the lease id,
-#: [2] its ms.
+#: A lease put back whatever the count (Redis came back without it) — also how a running
+#: answer's lease is extended, so that one Redis lost (FLUSHALL, a pause past its expiry) is
+#: back at the next extension: ARGV[1] the lease id, [2] its ms.
 _REASSERT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -337,6 +374,17 @@ class SharedState(Limits):
         self._held: dict[str, list[str | None]] = {}  # route -> lease ids (None: local)
         self._leases: dict[str, list[str]] = {}  # lease id -> its keys
         self._released = anyio.Event()
+        #: The fleet's epoch as this process last saw it ('' before the first slot), and the
+        #: one recovery at a time when Redis turns out to have lost the leases.
+        self._epoch = ""
+        self._epoch_key = f"{prefix}:epoch"
+        self._recovering = anyio.Lock()
+        #: Leases Redis may hold that no answer here uses — asked for by calls that got no
+        #: answer, released while Redis was away — taken back at the rejoin.
+        self._doubtful: collections.deque[tuple[str, list[str]]] = collections.deque(
+            maxlen=65_536  # older ones have expired in Redis by the rejoin anyway
+        )
+        self.recoveries = 0
         self._subscribed = anyio.Event()
         self._deposits = 0
         self._outbox_send, self._outbox = anyio.create_memory_object_stream[
@@ -367,22 +415,24 @@ class SharedState(Limits):
         self._redis = coredis.Redis.from_url(
             self.url,
             stream_timeout=self.timeout,
-            connect_timeout=self.timeout,
+            # A connection's handshake may take the start's patience; a stream's call is
+            # bounded all the same (``_bounded``).
+            connect_timeout=STARTUP,
             retry_policy=NoRetryPolicy(),
             decode_responses=True,
         )
         # Pub/sub waits for messages indefinitely: its own connection, without a read timeout.
         self._subscriber = coredis.Redis.from_url(
             self.url,
-            connect_timeout=self.timeout,
+            connect_timeout=STARTUP,
             retry_policy=NoRetryPolicy(),
             decode_responses=True,
         )
-        self._scripts.update(
-            (name, self._redis.register_script(src))
-            for name, src in (
+        sources = dict(
+            (
                 ("acquire", _ACQUIRE),
-                ("extend", _EXTEND),
+                ("extend", _REASSERT),
+                ("reepoch", _REEPOCH),
                 ("release", _RELEASE),
                 ("leave", _LEAVE),
                 ("reassert", _REASSERT),
@@ -394,6 +444,9 @@ class SharedState(Limits):
                 ("metrics", _METRICS),
             )
         )
+        self._scripts.update(
+            (name, self._redis.register_script(src)) for name, src in sources.items()
+        )
         self.fleet.on_change = self._share
         self.fleet.on_weight = self._weigh
         self.handlers.setdefault("weight", self._weighed)
@@ -401,6 +454,7 @@ class SharedState(Limits):
         self.fleet.budget = SharedBudget(local_budget, self._budget_post)
         try:
             async with self._redis, self._subscriber, anyio.create_task_group() as tg:
+                await self._warm_up(sources)
                 tg.start_soon(self._listen)
                 tg.start_soon(self._send_outbox)
                 tg.start_soon(self._keep_leases)
@@ -423,6 +477,29 @@ class SharedState(Limits):
             self.fleet.budget = local_budget
             self._outbox_send.close()
             self._outbox.close()
+
+    async def _warm_up(self, sources: Mapping[str, str]) -> None:
+        """The first calls — the connection, loading the scripts — with their own patience
+        (``STARTUP``): a machine busy starting many processes at once would otherwise see
+        them pass the 0.25 s bound of a stream's call and start on local limits."""
+        import coredis
+        from coredis.retry import NoRetryPolicy
+
+        patient = coredis.Redis.from_url(
+            self.url,
+            stream_timeout=STARTUP,
+            connect_timeout=STARTUP,
+            retry_policy=NoRetryPolicy(),
+            decode_responses=True,
+        )
+        try:
+            with anyio.fail_after(STARTUP):
+                async with patient:  # the scripts are the server's: loaded once for all
+                    for source in sources.values():
+                        await patient.script_load(source)
+                await self._redis.ping()  # the streams' own connection, made now
+        except Exception as exc:  # down or far too slow: local limits until it answers
+            self._lost(exc)
 
     def status(self) -> SharedStatus:
         return SharedStatus(redact_url(self.url), self.connected, self.local_fallbacks)
@@ -546,18 +623,29 @@ class SharedState(Limits):
                             self.local_fallbacks += 1
                             held.append(None)
                         return ok
-                    waiter = self._released
-                    got = await self._call(
-                        "acquire", keys, [lease, int(LEASE * 1000), priority, WAITER, *limits]
+                    waiter, sent = self._released, self._epoch
+                    reply = await self._call(
+                        "acquire",
+                        [self._epoch_key, *keys],
+                        [lease, int(LEASE * 1000), priority, WAITER, sent, *limits],
                     )
+                    if reply is None:  # Redis just went away: the local limits take over
+                        # The call may still run when Redis answers again (a pause): a lease
+                        # this process never knew of, to take back at the rejoin.
+                        self._doubtful.append((lease, keys))
+                        lease = uuid.uuid4().hex
+                        continue
+                    got, epoch = int(reply[0]), str(reply[1])
+                    if got < 0:  # Redis lost the leases: this process's go back first
+                        await self._recover(sent)
+                        continue
+                    self._epoch = epoch
                     if got == 1:
                         self._leases[lease] = keys
                         held.append(lease)
                         self.take(route)
                         queued = False
                         return True
-                    if got is None:
-                        continue  # Redis just went away: the local limits take over
                     queued = True
                     with anyio.move_on_after(0.5):  # a release elsewhere wakes this at once
                         await waiter.wait()
@@ -600,13 +688,45 @@ class SharedState(Limits):
                     return False  # gone again: the next check tries once more
         return True
 
+    async def _recover(self, seen: str) -> None:
+        """Redis is there but lost its data (FLUSHALL, a restart without persistence, an
+        eviction): put this process's leases back, then take the fleet's new epoch — written
+        by whichever process came first, which holds new slots back for ``EPOCH_GRACE``
+        while the others put theirs back (each checks the epoch every second)."""
+        async with self._recovering:
+            if self._epoch != seen:
+                return  # another of this process's tasks recovered meanwhile
+            if not await self._reassert():
+                return  # Redis went away: the rejoin puts them back
+            epoch = await self._call("reepoch", [self._epoch_key], [])
+            if epoch is not None:
+                self._epoch = str(epoch)
+                self.recoveries += 1
+                log.warning(
+                    "streamres.shared_data_lost",
+                    url=redact_url(self.url),
+                    leases=len(self._leases),
+                    action="put back this process's leases",
+                )
+
+    async def _check_epoch(self) -> None:
+        """The once-a-second look at the fleet's epoch: gone or new means lost leases."""
+        if not self._epoch:
+            return
+        got = await self.get(self._epoch_key)
+        if self.connected and got != self._epoch:
+            await self._recover(self._epoch)
+
     def _post(self, name: str, keys: list[str], args: list[Any]) -> None:
         with contextlib.suppress(anyio.WouldBlock):
             self._outbox_send.send_nowait((name, keys, args))
 
     async def _send_outbox(self) -> None:
         async for name, keys, args in self._outbox:
-            await self._call(name, keys, args)
+            if await self._call(name, keys, args) is None and name == "release":
+                # Redis away or not answering: its lease may still be there (a pause keeps
+                # its data), holding a slot no answer uses — taken back at the rejoin.
+                self._doubtful.append((str(args[0]), keys))
 
     async def _drain(self) -> None:
         """What was posted and not yet sent (releases of answers that just ended)."""
@@ -637,14 +757,23 @@ class SharedState(Limits):
                 # requests here keep to the local limits, and elsewhere wait for them.
                 if not await self._reassert():
                     continue
+                epoch = await self._call("reepoch", [self._epoch_key], [], rejoining=True)
+                if epoch is None:
+                    continue
+                self._epoch = str(epoch)
+                while self._doubtful:
+                    lease, keys = self._doubtful.popleft()
+                    self._post("release", keys, [lease, self._channel, "{}"])
                 self._back()
                 await self._load_state()
                 self.notify()
                 continue
+            await self._check_epoch()
             if anyio.current_time() - extended >= LEASE / 3:
                 extended = anyio.current_time()
                 for lease, keys in list(self._leases.items()):
-                    await self._call("extend", keys, [lease, int(LEASE * 1000)])
+                    if lease in self._leases:  # not released while the others were sent
+                        await self._call("extend", keys, [lease, int(LEASE * 1000)])
 
     # -- weights and metrics -------------------------------------------------------------
 

@@ -293,6 +293,11 @@ class Upstream:
         """Most streams served at once (for one model, or in total with ``None``)."""
         return self._counters.peak.get(model or "*", 0)
 
+    def reset_peak(self) -> None:
+        """Count :meth:`peak_in_flight` again from now (from what is being served now)."""
+        c = self._counters
+        c.peak = dict(c.in_flight)
+
     # -- lifecycle -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Upstream:
