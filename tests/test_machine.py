@@ -231,9 +231,14 @@ def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_0
             if plan.kind == "connect":
                 fail = Failure("connection", "Cannot reach it — connection refused", connect=True)
                 act = m.send_failed(fail, t, queued=0.0)
-            elif plan.kind == "busy":  # the shell's own loop ran late (client_busy)
-                fail = failure("client_busy", "this side was too busy to see the server")
-                act = m.send_failed(fail, t, queued=0.0)
+            elif plan.kind in ("busy", "connect_timeout"):  # busy: the loop ran 2 s late
+                fail = Failure(
+                    "connection",
+                    "Cannot reach it — timed out",
+                    connect=True,
+                    error_type="connect_timeout",
+                )
+                act = m.send_failed(fail, t, queued=0.0, late=2.0 * (plan.kind == "busy"))
             elif plan.kind in ("capacity", "at_capacity", "rejected"):
                 status, body = {
                     "capacity": (529, b'{"error":{"type":"overloaded_error","message":"busy"}}'),
@@ -451,6 +456,23 @@ def test_a_failure_on_this_side_is_retried_on_the_same_model_and_blames_no_one()
     metrics = fleet.metrics(run.t)["m0#0"]
     assert (metrics.failures, metrics.client_side_failures, metrics.breaker) == (0, 3, "closed")
     assert "failed on this side" in " ".join(metrics.health.reasons)
+
+
+def test_a_connect_timeout_is_this_side_s_only_while_the_loop_ran_late() -> None:
+    """The shell reports how late its loop ran; the policy decides. The same connect timeout
+    (3 s, a URL never reached) with the loop 2 s late is client_busy — the breaker (threshold
+    1) stays closed — and with the loop on time it is the server's: the breaker opens."""
+    for kind, late_is_ours in (("busy", True), ("connect_timeout", False)):
+        routes = options(models=1).fleet.routes
+        fleet = Fleet(routes, breaker_threshold=1)
+        m = answer(options(models=1, fleet=fleet))
+        run = drive(m, [Plan(kind=kind), Plan()])
+        retry = run.of(RetryEvent)[0]
+        assert (retry.reason == "client_busy") is late_is_ours, retry
+        assert (fleet.states[0].breaker.state == "closed") is late_is_ours
+        # This side's: answered on the next try. The server's: its circuit open for longer
+        # than the deadline leaves.
+        assert isinstance(run.end, Finish) is late_is_ours
 
 
 def test_an_abandoned_probe_frees_the_half_open_model() -> None:

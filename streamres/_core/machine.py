@@ -106,7 +106,13 @@ from streamres._core.events import (
 from streamres._core.inflate import InflateError, Inflater
 from streamres._core.logs import SILENT, Log
 from streamres._core.options import Options
-from streamres._core.policy import connect_timeout, decide, reinterpret
+from streamres._core.policy import (
+    connect_allowance,
+    connect_timeout,
+    decide,
+    reinterpret,
+    this_side_busy,
+)
 from streamres._core.redact import Redactor, redact_url, url_secrets
 from streamres._core.sse import SSEDecoder
 from streamres._core.stall import StallTimer
@@ -501,9 +507,21 @@ class Answer:
         at.slot = True
         return self._request(now)
 
-    def send_failed(self, fail: Failure, now: float, *, queued: float) -> Action:
-        """No response headers: the connection, the deadline or the stall timer failed."""
-        self.fleet.queued(self._attempt().index, queued)
+    def send_failed(self, fail: Failure, now: float, *, queued: float, late: float = 0.0) -> Action:
+        """No response headers: the connection, the deadline or the stall timer failed.
+        ``late``: how late this process's event loop has been running (seconds), as the shell
+        measured it — a connect that timed out meanwhile may be this side's (policy rule 9)."""
+        at = self._attempt()
+        self.fleet.queued(at.index, queued)
+        timeout = connect_timeout(at.reached)
+        if fail.error_type == "connect_timeout" and this_side_busy(timeout, late):
+            fail = failure(
+                "client_busy",
+                f"no connection to {redact_url(at.route.base_url or '')} within "
+                f"{timeout + connect_allowance(late):.1f} s while this process's event loop "
+                f"ran {late:.1f} s late: this side was too busy to see the server answer, so "
+                "the server is not blamed",
+            )
         return self._over(fail, now)
 
     def started(

@@ -21,9 +21,11 @@ The rules, in order:
    the time left (never less than Retry-After), when that leaves the attempt at least
    ``LAST_TRY`` seconds — and only when none fits does the answer give up: an 8 s deadline is
    not abandoned at 1.3 s because the schedule's next wait was 7.7 s;
-9. a connect that timed out while this process's own event loop ran late (``client_busy``)
-   is not the model's failure: it is tried again on the same model after about
-   ``CLIENT_BUSY_WAIT`` (jittered), and counts towards no fallback, breaker or weight.
+9. a connect that timed out while this process's own event loop ran at least half its
+   timeout late (``client_busy``; the shell reports the lateness, and the timer had twice it
+   on top: ``connect_allowance``) is not the model's failure: it is tried again on the same
+   model after about ``CLIENT_BUSY_WAIT`` (jittered), and counts towards no fallback, breaker
+   or weight.
 """
 
 from __future__ import annotations
@@ -62,6 +64,18 @@ def connect_timeout(reached: bool) -> float:
     """Seconds a connect may take: short for a URL that never answered (rule 4), patient for
     one that did."""
     return 10.0 if reached else 3.0
+
+
+def connect_allowance(late: float) -> float:
+    """Seconds to add to a connect's timer when this process's event loop has been running
+    ``late`` seconds late (rule 9): twice that, the time its completion may wait in the loop."""
+    return 2.0 * late
+
+
+def this_side_busy(timeout: float, late: float) -> bool:
+    """Did a connect timer of ``timeout`` seconds fire because of this side (rule 9)? Yes
+    when the loop has been running at least half that late."""
+    return late >= timeout / 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,10 @@ queued behind other work in the same turn as the timer — and the timer wins. T
 takes the blame for this side's load (a breaker opened on a healthy server).
 
 So a ``Client`` measures its loop: a task sleeps :data:`TICK` at a time and records how much
-later than asked it woke (a decaying maximum, halving every :data:`HALF_LIFE` seconds). A
-connect gets that lateness, twice over, on top of its timeout; and a connect that times out all
-the same while the loop runs late (:meth:`LoopLag.busy`) is this side's failure
-(``client_busy``), not the server's.
+later than asked it woke (a decaying maximum, halving every :data:`HALF_LIFE` seconds). It
+only measures: what the lateness means is the pure policy's (rule 9 of ``_core/policy``) — a
+connect gets that lateness, twice over, on top of its timeout, and one that times out all the
+same while the loop runs late is this side's failure (``client_busy``), not the server's.
 """
 
 from __future__ import annotations
@@ -43,15 +43,6 @@ class LoopLag:
         if now <= self._at:
             return self._late
         return self._late * math.exp2(-(now - self._at) / HALF_LIFE)
-
-    def allowance(self, now: float) -> float:
-        """Seconds to add to a connect timer started at ``now``."""
-        return 2.0 * self.late(now)
-
-    def busy(self, timeout: float, now: float) -> bool:
-        """Did a connect timer of ``timeout`` seconds fire because of this side? True when the
-        loop has been running at least half that late."""
-        return self.late(now) >= timeout / 2
 
     async def watch(self) -> None:
         """Measure until cancelled."""

@@ -47,6 +47,7 @@ from streamres._core.machine import (
     Wait,
 )
 from streamres._core.options import Options, check_options, single_call_routes
+from streamres._core.policy import connect_allowance
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT
 from streamres._core.tokens import Counter, counter_for
@@ -385,8 +386,9 @@ class _Shell:
             )
         try:
             lag = self.limits.lag if self.limits is not None else None
-            # The connect timer gets what the loop's own lateness may cost it (see _shell/lag).
-            allowance = lag.allowance(anyio.current_time()) if lag is not None else 0.0
+            # The connect timer gets what the loop's own lateness may cost it (policy rule 9).
+            late = lag.late(anyio.current_time()) if lag is not None else 0.0
+            allowance = connect_allowance(late)
             request = self.client.build_request(
                 req.method,
                 req.url,
@@ -398,19 +400,10 @@ class _Shell:
             why = f"cannot build the request to {redact_url(req.url)}: {exc}"
             raise m.unbuildable(why) from exc
         response, fail, queued = await _send(self.client, request, t_end=act.until, stall=act.stall)
-        if fail is not None and fail.error_type == "connect_timeout" and lag is not None:
-            now_ = anyio.current_time()
-            if lag.busy(act.connect_timeout, now_):
-                fail = failure(
-                    "client_busy",
-                    f"no connection to {redact_url(req.url)} within "
-                    f"{act.connect_timeout + allowance:.1f} s while this process's event loop "
-                    f"ran {lag.late(now_):.1f} s late: this side was too busy to see the server "
-                    "answer, so the server is not blamed",
-                )
         if response is None:
             assert fail is not None
-            return m.send_failed(fail, now(), queued=queued)
+            late = lag.late(anyio.current_time()) if lag is not None else 0.0
+            return m.send_failed(fail, now(), queued=queued, late=late)
         self.response, self.url = response, req.url
         # The raw stream itself, not ``aiter_raw()``: one async generator fewer per read (it
         # only counts bytes and splits nothing when no chunk size is asked for).
