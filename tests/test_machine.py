@@ -176,8 +176,11 @@ def script(plan: Plan, start: str, t: float) -> list[tuple[float, bytes | None]]
     return out
 
 
-def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_000) -> Run:
-    """Play the shell against scripted plans (``ok`` once they run out)."""
+def drive(
+    m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_000, late: float = 0.0
+) -> Run:
+    """Play the shell against scripted plans (``ok`` once they run out); ``late``: how late
+    the shell's loop runs when its read timer fires."""
     events: list[Event] = []
     times: list[float] = []
     sends: list[Send] = []
@@ -195,8 +198,11 @@ def drive(m: Answer, plans: list[Plan], *, t: float = 0.0, max_steps: int = 10_0
             at, data = reads.pop(0)
             if at > m.read_deadline:
                 t = max(t, m.read_deadline)
-                reads = []
-                act = m.timed_out(t)
+                act = m.timed_out(t, late=late)
+                if act is READ:  # waited out again: the read is still to come
+                    reads.insert(0, (at, data))
+                else:
+                    reads = []
             elif data == b"DROP":
                 t = max(t, at)
                 act = m.read_failed(failure("connection", "connection lost mid-response"), t)
@@ -473,6 +479,24 @@ def test_a_connect_timeout_is_this_side_s_only_while_the_loop_ran_late() -> None
         # This side's: answered on the next try. The server's: its circuit open for longer
         # than the deadline leaves.
         assert isinstance(run.end, Finish) is late_is_ours
+
+
+def test_a_silence_while_this_side_ran_late_is_waited_out_not_resumed() -> None:
+    """Ten seconds without a token in a fast stream (its stall limit is 4 s). With the loop
+    running 3 s late — at least half the limit — the silence may be this side's: it is waited
+    out and the stream goes on, one request in all. With the loop on time it is a stall: the
+    answer resumes on a new request. Either way the text is whole."""
+    words = re.findall(r"\S+\s*", FULL)
+    reads: list[tuple[float, bytes | None]] = [
+        (0.05 * i, text_chunk(w)) for i, w in enumerate(words[:8])
+    ]
+    reads += [(10 + 0.05 * i, text_chunk(w)) for i, w in enumerate(words[8:])]
+    reads += [(reads[-1][0], FINISH), (reads[-1][0], None)]
+    for late, resumed in ((3.0, False), (0.0, True)):
+        run = drive(answer(options()), [Plan(reads=reads)], late=late)
+        assert isinstance(run.end, Finish) and run.text == FULL
+        assert [e.reason for e in run.of(ResumeEvent)] == (["stall"] if resumed else [])
+        assert len(run.requests) == (2 if resumed else 1)
 
 
 def test_an_abandoned_probe_frees_the_half_open_model() -> None:

@@ -15,6 +15,7 @@ import pytest
 import streamres
 from streamres._core.policy import connect_allowance, this_side_busy
 from streamres._shell.lag import HALF_LIFE, LoopLag
+from streamres._shell.stream import Pools
 from streamres.upstream import Upstream
 
 Q = [{"role": "user", "content": "Explain TCP slow start."}]
@@ -118,3 +119,31 @@ async def test_three_hundred_streams_at_once_through_a_default_client_are_all_ex
             m = client.metrics()["m"]
     assert texts == [expected] * 300
     assert m.failures == 0 and up.peak_in_flight("m") > 100
+
+
+def test_a_stream_takes_the_least_busy_pool() -> None:
+    """One stream at a time always takes the first pool (its kept-alive connection); many at
+    once spread evenly; a pool given back is the next one taken."""
+    pools = Pools([None] * 4)  # type: ignore[list-item]  # only the counts are used
+    assert [pools.take() for _ in range(3)] == [0, 1, 2]
+    pools.give(1)
+    assert pools.take() == 1
+    for i in (0, 1, 2):
+        pools.give(i)
+    assert [pools.take() for _ in range(2)] == [0, 1]  # all free again: the first ones
+    pools.give(0)
+    pools.give(1)
+    assert pools.streams == [0, 0, 0, 0]
+    assert pools.take() == 0 and pools.streams == [1, 0, 0, 0]
+
+
+async def test_one_answer_after_another_reuses_one_connection() -> None:
+    """A chat's answers one after another go through the same kept-alive connection, though
+    the client has many pools (a round robin would open one per pool)."""
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client([route]) as client:
+            for _ in range(5):
+                async for _ev in client.stream(Q, model="m"):
+                    pass
+        assert up.connections_accepted == 1

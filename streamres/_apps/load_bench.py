@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import itertools
 import json
 import resource
 import sys
@@ -28,6 +30,7 @@ import httpx
 
 import streamres
 from streamres._apps.bench_proxy import _cpu_seconds, _peak_rss_mib, _process
+from streamres._shell.stream import POOLS
 from streamres.upstream import answer_for
 
 __all__ = ["main"]
@@ -109,12 +112,21 @@ async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str,
     cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     body = {"model": "m", "messages": Q, "stream": True}
-    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+    async with contextlib.AsyncExitStack() as stack:
+        # The clients' side spread over many pools, as a Client's is (httpcore's pool costs
+        # the square of its connections): the load must not be what runs out of CPU first.
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(timeout=300, limits=limits))
+            for _ in range(POOLS)
+        ]
+        turn = itertools.count()
+        http = clients[0]
 
         async def answer() -> str:
             text = ""
+            own = clients[next(turn) % len(clients)]
             try:
-                async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                async with own.stream("POST", url + "/v1/chat/completions", json=body) as r:
                     if r.status_code != 200:
                         return f"!HTTP {r.status_code}"
                     async for line in r.aiter_lines():

@@ -594,10 +594,18 @@ class Answer:
             return self._over(failure("malformed", str(exc)), now)
         return self._decode(at, at.sse, at.decoder, at.sse.close(), now)
 
-    def timed_out(self, now: float) -> Action:
-        """The read timer fired (``read_deadline`` passed)."""
+    def timed_out(self, now: float, *, late: float = 0.0) -> Action:
+        """The read timer fired (``read_deadline`` passed). ``late``: how late this process's
+        event loop has been running, as the shell measured it — a silence while it ran at
+        least half the limit late may be this side's (policy rule 9): waited out again, not
+        resumed (a new request would only add to the load that made it late)."""
         if now >= self.t_end:
             return self._over(failure("deadline", "the deadline passed mid-stream"), now)
+        if this_side_busy(self.stall.limit(), late):
+            self.stall.wait_more(now)
+            self.read_deadline = min(self.t_end, self.stall.deadline())
+            self.log.debug("streamres.stall_waited", late=round(late, 3))
+            return READ
         return self._over(failure("stall", f"no output for {self.stall.limit():.3g} s"), now)
 
     def read_failed(self, fail: Failure, now: float) -> Action:

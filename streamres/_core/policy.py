@@ -25,7 +25,8 @@ The rules, in order:
    timeout late (``client_busy``; the shell reports the lateness, and the timer had twice it
    on top: ``connect_allowance``) is not the model's failure: it is tried again on the same
    model after about ``CLIENT_BUSY_WAIT`` (jittered), and counts towards no fallback, breaker
-   or weight.
+   or weight. Likewise a silence past the stall limit while the loop ran at least half that
+   limit late is waited out again, not resumed (``Answer.timed_out``).
 """
 
 from __future__ import annotations

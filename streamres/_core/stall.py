@@ -58,6 +58,11 @@ class StallTimer:
         self._since = now
         self._limit = self._compute()
 
+    def wait_more(self, now: float) -> None:
+        """The silence was this side's (its loop ran late): count it again from ``now``, the
+        pace and the phase unchanged."""
+        self._since = now
+
     def limit(self) -> float:
         """Seconds of silence allowed from the last output (or the attempt's start)."""
         return self._limit

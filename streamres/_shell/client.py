@@ -40,6 +40,7 @@ from streamres._shell.shared_cache import SharedAnswers
 from streamres._shell.stream import (
     POOLS,
     STREAMING_POOL,
+    Pools,
     ResilientStream,
     _run,
     _shared_ssl_context,
@@ -132,8 +133,7 @@ class Client:
         self._http = http_client
         self._own_http = http_client is None
         #: The connection pools this client made (none when given ``http_client``).
-        self._pools: list[httpx.AsyncClient] = []
-        self._turn = 0
+        self._pools: Pools | None = None
         self._deadline = deadline
         self._stall_timeout = stall_timeout
         self._first_token_timeout = first_token_timeout
@@ -171,11 +171,13 @@ class Client:
     async def __aenter__(self) -> Client:
         if self._http is None:
             verify = await _shared_ssl_context()
-            self._pools = [
-                httpx.AsyncClient(verify=verify, timeout=None, limits=STREAMING_POOL)
-                for _ in range(POOLS)
-            ]
-            self._http = self._pools[0]
+            self._pools = Pools(
+                [
+                    httpx.AsyncClient(verify=verify, timeout=None, limits=STREAMING_POOL)
+                    for _ in range(POOLS)
+                ]
+            )
+            self._http = self._pools.clients[0]
         self._stack = contextlib.AsyncExitStack()
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.callback(tg.cancel_scope.cancel)  # flights in progress end with the client
@@ -225,9 +227,9 @@ class Client:
             self._flights = None
             await stack.aclose()
         if self._own_http and self._http is not None:
-            for pool in self._pools:
+            for pool in self._pools.clients if self._pools is not None else []:
                 await pool.aclose()
-            self._pools = []
+            self._pools = None
             self._http = None
 
     def stream(
@@ -295,10 +297,9 @@ class Client:
             read_limits=self._read_limits,
             priority=priority,
         )
-        http, limits = self._http, self._limits
-        if self._pools:  # streams spread over the client's pools (see POOLS)
-            self._turn = (self._turn + 1) % len(self._pools)
-            http = self._pools[self._turn]
+        limits = self._limits
+        # Streams spread over the client's pools (see POOLS), or the caller's own client.
+        http: httpx.AsyncClient | Pools | None = self._pools or self._http
         trace = None
         if self._tracing.enabled:
             trace = self._tracing.answer(

@@ -75,11 +75,34 @@ _MEMORY = Memory()
 #: connects timed out); the concurrency limits that matter are the routes' and accounts'.
 STREAMING_POOL = httpx.Limits(max_connections=None, max_keepalive_connections=256)
 
-#: Connection pools a ``Client`` spreads its streams over, round robin. httpcore's pool does
-#: work in the number of its connections for every request it takes or gives back (and more
-#: for each idle one), so one pool for thousands of concurrent streams costs the square of
-#: them: 300 streams spent half their CPU there. Sixteen pools divide that by sixteen.
-POOLS = 16
+#: Connection pools a ``Client`` spreads its streams over. httpcore's pool does work in the
+#: number of its connections for every request it takes or gives back (and more for each idle
+#: one), so one pool for thousands of concurrent streams costs the square of them: 300 streams
+#: spent half their CPU there, and a proxy at 5,000 streams on one pool spent 58 % of its CPU
+#: in it. A stream takes the pool with the fewest streams in it (the first of those): one
+#: stream at a time always finds the first pool and its kept-alive connection, and thousands
+#: are spread evenly — 5,000 over 64 pools are 78 connections each.
+POOLS = 64
+
+
+class Pools:
+    """A ``Client``'s connection pools and how many streams each carries now."""
+
+    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
+        self.clients = clients
+        self.streams = [0] * len(clients)
+
+    def take(self) -> int:
+        """The pool for a new stream (its index): the least busy, the first of those."""
+        streams = self.streams
+        i = streams.index(min(streams))
+        streams[i] += 1
+        return i
+
+    def give(self, i: int) -> None:
+        self.streams[i] -= 1
+
+
 # Extra request headers whose values are credentials (masked like the API key).
 _SECRET_HEADER = re.compile(r"(?i)authorization|api[-_]?key|token|secret|cookie|signature")
 
@@ -423,7 +446,9 @@ class _Shell:
         if chunk is None:
             return m.eof(self.now())
         if chunk is TIMEOUT:
-            return m.timed_out(self.now())
+            lag = self.limits.lag if self.limits is not None else None
+            late = lag.late(anyio.current_time()) if lag is not None else 0.0
+            return m.timed_out(self.now(), late=late)
         return m.data(chunk, self.now())  # type: ignore[arg-type]
 
     async def drain(self, act: Finish) -> None:
@@ -451,9 +476,10 @@ class _Shell:
 
 
 async def _run(
-    opts: Options, client: httpx.AsyncClient | None, limits: Limits | None
+    opts: Options, http: httpx.AsyncClient | Pools | None, limits: Limits | None
 ) -> AsyncIterator[Event]:
-    """Drive one answer's machine: yield its events, perform its actions."""
+    """Drive one answer's machine: yield its events, perform its actions (through ``http``,
+    or the least busy of its pools)."""
     now = clock()
     m = Answer(
         opts,
@@ -467,6 +493,13 @@ async def _run(
         log=log,
     )
     mask_http_logs(m.secrets)
+    pools: Pools | None = None
+    pool, client = 0, None
+    if isinstance(http, Pools):
+        pools, pool = http, http.take()
+        client = http.clients[pool]
+    else:
+        client = http
     shell = _Shell(m, client, limits)
     try:
         act: object = m.start_answer(shell.now())
@@ -492,4 +525,8 @@ async def _run(
         raise m.crashed(exc) from exc
     finally:
         m.abandon()
-        await shell.shut()
+        try:
+            await shell.shut()
+        finally:
+            if pools is not None:
+                pools.give(pool)

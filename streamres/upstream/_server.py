@@ -247,8 +247,9 @@ class Upstream:
         #: Retry-After sent with the 429 of a full quota (``None``: no header).
         self.quota_retry_after = quota_retry_after
         self.requests: list[RecordedRequest] = []
-        #: TCP connections open right now.
+        #: TCP connections open right now, and accepted since the start.
         self.open_connections = 0
+        self.connections_accepted = 0
         self._counters = _Counters()
         self._idle: anyio.Event | None = None
         self._streams_done: anyio.Event | None = None
@@ -334,6 +335,7 @@ class Upstream:
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
         self.open_connections += 1
+        self.connections_accepted += 1
         with contextlib.suppress(OSError, anyio.TypedAttributeLookupError):
             # Each write leaves at once, as a real server's flushed event does.
             raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
