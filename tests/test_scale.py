@@ -147,3 +147,19 @@ async def test_one_answer_after_another_reuses_one_connection() -> None:
                 async for _ev in client.stream(Q, model="m"):
                     pass
         assert up.connections_accepted == 1
+
+
+def test_the_proxy_listens_with_the_kernel_s_longest_queue() -> None:
+    """uvicorn's backlog of 2,048 drops the SYNs of a larger burst (sent again 1, 3, 7 s
+    later): the proxy asks for as much as the kernel allows, never more than its connections."""
+    from pathlib import Path
+
+    from streamres.proxy.config import ServerLimits
+    from streamres.proxy.serve import _server_settings
+
+    where = Path("/proc/sys/net/core/somaxconn")
+    if not where.exists():
+        pytest.skip("the kernel's listen-queue limit is read on Linux")
+    most = int(where.read_text())
+    assert _server_settings(ServerLimits())["backlog"] == min(ServerLimits().connections, most)
+    assert _server_settings(ServerLimits(connections=300))["backlog"] == min(300, most)
