@@ -184,3 +184,39 @@ async def test_an_account_limit_holds_through_every_redis_fault(
         # At the limit and not under it: no lease left behind (a late reply, a lost release)
         # holds a slot that no answer uses.
         assert peaks[phase] == LIMIT, (phase, peaks)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_killed_process_s_slots_are_free_within_a_lease(
+    redis_server: RedisServer,
+) -> None:
+    """A worker holding both slots of an account is killed (SIGKILL: no release); another
+    process waits for a slot and gets one when the dead worker's leases lapse — within one
+    lease (10 s; it was 30 s), not at the end of the answers it was streaming."""
+    import streamres
+    from streamres._shell.shared import LEASE
+
+    async with Upstream(token_delay=0.05, words=2000) as up:  # answers of 100 s
+        worker = await anyio.open_process(
+            [sys.executable, "-c", WORKER, up.openai_url, redis_server.url, "2", "2"]
+        )
+        try:
+            with anyio.fail_after(30):
+                while up.in_flight() < 2:  # noqa: ASYNC110 (the upstream's count)
+                    await anyio.sleep(0.05)
+        finally:
+            worker.kill()
+            await worker.wait()
+        killed = anyio.current_time()
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with streamres.Client(
+            [route], account_limits={"acct": 2}, shared=redis_server.url
+        ) as client:
+            with anyio.fail_after(LEASE + 10):
+                async for ev in client.stream(
+                    [{"role": "user", "content": "Explain TCP slow start."}], model="m"
+                ):
+                    if ev.type == "text":
+                        break
+        waited = anyio.current_time() - killed
+    assert 1 < waited <= LEASE + 2, waited  # it did wait: no release came

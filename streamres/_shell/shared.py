@@ -7,7 +7,7 @@ key prefix (``shared_prefix``, default ``"streamres"``: one prefix per fleet) sh
   the processes. A slot is a lease in a Redis sorted set (member: a lease id, score: when it
   expires, by Redis's own clock), taken by one Lua script that drops expired leases and checks
   every limit the request is under at once — never a read-modify-write race. Leases held by a
-  long answer are extended while it runs; a crashed process's leases expire (30 s), freeing its
+  long answer are extended while it runs; a crashed process's leases expire (10 s), freeing its
   slots. A release is published, so waiting processes try again at once. Waiters stand in a
   line per set, ranked by priority lane and then arrival (``_core/lanes``): a free slot goes
   to the first of them, whichever process it is in;
@@ -74,8 +74,11 @@ from streamres._shell.log import log
 
 __all__ = ["SharedState", "SharedStatus"]
 
-#: Seconds a slot's lease lasts unless extended (a crashed process frees its slots after this).
-LEASE = 30.0
+#: Seconds a slot's lease lasts unless extended (a crashed process frees its slots after this);
+#: running answers' leases are extended every third of it, all of a process's in one call per
+#: set of keys (``EXTEND_BATCH`` at a time).
+LEASE = 10.0
+EXTEND_BATCH = 500
 
 #: Seconds the first calls to Redis (connecting, loading the scripts) may take at start.
 STARTUP = 5.0
@@ -172,9 +175,21 @@ return 1
 #: second, and at every release).
 WAITER = 3000
 
-#: A lease put back whatever the count (Redis came back without it) — also how a running
-#: answer's lease is extended, so that one Redis lost (FLUSHALL, a pause past its expiry) is
-#: back at the next extension: ARGV[1] the lease id, [2] its ms.
+#: Running answers' leases extended — re-added if Redis lost them (FLUSHALL, a pause past
+#: their expiry), so they are back at the next extension: ARGV[1] their ms, [2...] the ids.
+_EXTEND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_ = now + tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  for j = 2, #ARGV do redis.call('ZADD', key, until_, ARGV[j]) end
+  redis.call('PEXPIRE', key, tonumber(ARGV[1]) * 2)
+end
+return 1
+"""
+
+#: A lease put back whatever the count (Redis came back without it): ARGV[1] the lease id,
+#: [2] its ms.
 _REASSERT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -431,7 +446,7 @@ class SharedState(Limits):
         sources = dict(
             (
                 ("acquire", _ACQUIRE),
-                ("extend", _REASSERT),
+                ("extend", _EXTEND),
                 ("reepoch", _REEPOCH),
                 ("release", _RELEASE),
                 ("leave", _LEAVE),
@@ -771,9 +786,19 @@ class SharedState(Limits):
             await self._check_epoch()
             if anyio.current_time() - extended >= LEASE / 3:
                 extended = anyio.current_time()
-                for lease, keys in list(self._leases.items()):
-                    if lease in self._leases:  # not released while the others were sent
-                        await self._call("extend", keys, [lease, int(LEASE * 1000)])
+                await self._extend()
+
+    async def _extend(self) -> None:
+        """Every running answer's lease, a round trip per set of keys and batch."""
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for lease, its_keys in self._leases.items():
+            groups.setdefault(tuple(its_keys), []).append(lease)
+        for keys, leases in groups.items():
+            for at in range(0, len(leases), EXTEND_BATCH):
+                # Only those still held (not released while the others were sent).
+                batch = [x for x in leases[at : at + EXTEND_BATCH] if x in self._leases]
+                if batch:
+                    await self._call("extend", list(keys), [int(LEASE * 1000), *batch])
 
     # -- weights and metrics -------------------------------------------------------------
 

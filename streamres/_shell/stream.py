@@ -396,6 +396,11 @@ class _Shell:
             return m.body(body, now(), wall=time.time())
         raise AssertionError(f"unknown action {act!r}")
 
+    def late(self) -> float:
+        """How late this process's event loop has been running (0 without a ``Client``)."""
+        lag = self.limits.lag if self.limits is not None else None
+        return lag.late(anyio.current_time()) if lag is not None else 0.0
+
     async def send(self, act: Send) -> object:
         m, now = self.m, self.now
         req = act.request
@@ -408,10 +413,8 @@ class _Shell:
                 verify=await _shared_ssl_context(), timeout=None, limits=STREAMING_POOL
             )
         try:
-            lag = self.limits.lag if self.limits is not None else None
             # The connect timer gets what the loop's own lateness may cost it (policy rule 9).
-            late = lag.late(anyio.current_time()) if lag is not None else 0.0
-            allowance = connect_allowance(late)
+            allowance = connect_allowance(self.late())
             request = self.client.build_request(
                 req.method,
                 req.url,
@@ -425,8 +428,7 @@ class _Shell:
         response, fail, queued = await _send(self.client, request, t_end=act.until, stall=act.stall)
         if response is None:
             assert fail is not None
-            late = lag.late(anyio.current_time()) if lag is not None else 0.0
-            return m.send_failed(fail, now(), queued=queued, late=late)
+            return m.send_failed(fail, now(), queued=queued, late=self.late())
         self.response, self.url = response, req.url
         # The raw stream itself, not ``aiter_raw()``: one async generator fewer per read (it
         # only counts bytes and splits nothing when no chunk size is asked for).
@@ -446,9 +448,7 @@ class _Shell:
         if chunk is None:
             return m.eof(self.now())
         if chunk is TIMEOUT:
-            lag = self.limits.lag if self.limits is not None else None
-            late = lag.late(anyio.current_time()) if lag is not None else 0.0
-            return m.timed_out(self.now(), late=late)
+            return m.timed_out(self.now(), late=self.late())
         return m.data(chunk, self.now())  # type: ignore[arg-type]
 
     async def drain(self, act: Finish) -> None:
