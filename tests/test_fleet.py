@@ -36,13 +36,40 @@ def test_success_resets_the_count() -> None:
 
 
 def test_one_stream_at_a_time_three_failures_in_a_row_still_open() -> None:
-    """The seed's rule where traffic is light: a model answering once a second, then failing
-    three times in a row, is opened — its window holds too few outcomes to judge by rate."""
+    """The seed's rule where traffic is light: a chat's model answering every 10 s for ten
+    minutes, then failing three times in a row, is opened — it has seen too few attempts of
+    late to judge by rate."""
     b = CircuitBreaker(threshold=3)
-    for t in range(60):
-        b.record_success(t)
-    assert b.failure_rate(60) is None  # about 10 outcomes in the window, under 20
-    assert [b.record_failure(60 + t) for t in range(3)] == ["closed", "closed", "open"]
+    for t in range(0, 600, 10):
+        b.record_start(t)
+        b.record_success(t + 2)
+    assert b.failure_rate(600) is None  # about 6 attempts remembered, under 20
+    assert [b.record_failure(600 + t) for t in range(3)] == ["closed", "closed", "open"]
+
+
+def test_the_tail_of_a_burst_is_still_judged_by_rate() -> None:
+    """5,000 streams at once, then, 80 s on, the dozen still going: three failures in a row
+    among twenty attempts of the last seconds do not open the circuit — the burst is still
+    remembered, so the rate decides (15 %), not the failures in a row."""
+    b = CircuitBreaker(threshold=3)
+    for k in range(5000):
+        b.record_start(k / 5000)
+    for k in range(5000):
+        b.record_success(3 + k / 5000)
+    states = []
+    for k in range(20):
+        t = 80 + k * 0.5
+        b.record_start(t)
+        states.append(b.record_failure(t + 0.1) if 10 <= k < 13 else b.record_success(t + 0.1))
+    assert "open" not in states
+    dead = CircuitBreaker(threshold=3)  # the same tail on a model that stopped answering
+    for k in range(5000):
+        dead.record_start(k / 5000)
+        dead.record_success(3 + k / 5000)
+    for k in range(3):
+        dead.record_start(80 + k)
+        dead.record_failure(80 + k + 0.1)
+    assert dead.state == "open"
 
 
 def _busy(b: CircuitBreaker, fail_every: int, seconds: float, per_second: int) -> list[str]:

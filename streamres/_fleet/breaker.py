@@ -15,14 +15,16 @@ Theory of operation (seed 4.1: threshold 3, recovery 60 s)::
     any        neutral outcome (permanent error)       unchanged   a probe slot is released
 
 ``tripped``: ``threshold`` consecutive failures — and, once the model has seen enough traffic
-to judge by (``volume`` attempts in about the last ``window`` seconds, a decayed count), a
-failure *rate* of at least ``rate`` over that window too. Attempts are counted as they start
-(``record_start``), not as they end: a thousand streams just sent are a thousand outcomes to
-come, and the first outcomes of a burst are its fastest — refused connections — which would
-otherwise look like the whole of it. One stream at a time, the seed's rule
-holds as it is: three failures in a row open the circuit. A thousand streams at once on a
-model that fails one answer in five see three failures in a row every second, though four
-answers in five succeed; the rate keeps that model's circuit closed (as Hystrix's volume
+to judge by (``volume`` attempts in about the last ``memory`` seconds, a decayed count), a
+failure *rate* of at least ``rate`` over about the last ``window`` seconds too. The volume is
+remembered longer than the rate: at the tail of a burst of thousands, a dozen streams are left,
+and three failures in a row among them say no more about the model than they did mid-burst.
+Attempts are counted as they start (``record_start``), not as they end: a thousand streams just
+sent are a thousand outcomes to come, and the first outcomes of a burst are its fastest —
+refused connections — which would otherwise look like the whole of it. One stream at a time,
+the seed's rule holds as it is: three failures in a row open the circuit. A thousand streams at
+once on a model that fails one answer in five see three failures in a row every second, though
+four answers in five succeed; the rate keeps that model's circuit closed (as Hystrix's volume
 threshold and resilience4j's failure-rate window do), while a model that fails most of its
 answers still opens within a few failures.
 
@@ -48,11 +50,13 @@ class CircuitBreaker:
     recovery: float = 60.0
     #: The failure share, over the window, that opens a busy model's circuit.
     rate: float = 0.5
-    #: Attempts in the window from which the rate is judged too (below it, failures in a row
-    #: decide alone).
+    #: Attempts in about the last ``memory`` seconds from which the rate is judged too (below
+    #: it, failures in a row decide alone).
     volume: float = 20.0
-    #: Seconds the outcomes are remembered over (the decay's time constant).
+    #: Seconds the rate's attempts and outcomes are remembered over (the decay's time constant).
     window: float = 10.0
+    #: Seconds the volume is remembered over.
+    memory: float = 60.0
     state: BreakerState = "closed"
     failures: int = 0
     opened_at: float = 0.0
@@ -60,6 +64,7 @@ class CircuitBreaker:
     #: Attempts and outcomes of about the last ``window`` seconds (decayed), and when they were
     #: last aged.
     recent_started: float = 0.0
+    remembered: float = 0.0
     recent_ok: float = 0.0
     recent_failed: float = 0.0
     aged_at: float = 0.0
@@ -90,12 +95,16 @@ class CircuitBreaker:
         """An attempt went to this model (the window's count of traffic)."""
         self._age(now)
         self.recent_started += 1.0
+        self.remembered += 1.0
 
     def failure_rate(self, now: float) -> float | None:
-        """The share of failures over the window, or ``None`` below ``volume`` attempts."""
+        """The share of failures over the window, or ``None`` below ``volume`` attempts
+        (remembered over ``memory``)."""
         self._age(now)
         seen = max(self.recent_started, self.recent_ok + self.recent_failed)
-        return min(1.0, self.recent_failed / seen) if seen >= self.volume else None
+        if max(self.remembered, seen) < self.volume:
+            return None
+        return min(1.0, self.recent_failed / seen) if seen else None
 
     def record_success(self, now: float) -> BreakerState:
         self._age(now)
@@ -140,6 +149,7 @@ class CircuitBreaker:
         if now > self.aged_at:
             keep = math.exp(-(now - self.aged_at) / self.window)
             self.recent_started *= keep
+            self.remembered *= math.exp(-(now - self.aged_at) / self.memory)
             self.recent_ok *= keep
             self.recent_failed *= keep
             self.aged_at = now

@@ -62,8 +62,9 @@ class Client:
     ...     async for ev in client.stream(messages, model="gpt-4o"):
     ...         ...
 
-    Defaults: breaker threshold 3 consecutive failures (on a busy model, with at least half
-    of its last 10 s of attempts failed) and 60 s recovery; weights x0.7 per
+    Defaults: breaker threshold 3 consecutive failures (on a busy model — 20 attempts in
+    about the last minute — with at least half of its last 10 s of attempts failed too) and
+    60 s recovery; weights x0.7 per
     failure, a quarter of the way back per success, never below 5 % of base; retry budget
     20 % of first attempts plus 1 retry/s, banked up to 10.
 
