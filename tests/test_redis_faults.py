@@ -114,6 +114,23 @@ async def _redis(url: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
         return await call(client)
 
 
+async def _all_seen(url: str) -> None:
+    """Until every worker has seen the other two: each has sent its figures (the metrics
+    sync, once a second, scored by when they lapse) since the last of them first did."""
+
+    async def scores() -> list[float]:
+        got = await _redis(
+            url, lambda r: r.zrange("streamres:metrics:procs", 0, -1, withscores=True)
+        )
+        return [float(m.score) for m in got]
+
+    with anyio.fail_after(30):
+        while len(first := await scores()) < WORKERS:  # noqa: ASYNC110 (Redis's state, not ours)
+            await anyio.sleep(0.1)
+        while min(await scores()) <= max(first):  # noqa: ASYNC110 (Redis's state, not ours)
+            await anyio.sleep(0.1)
+
+
 async def _window(up: Upstream, seconds: float) -> int:
     """The most streams the upstream served at once over the next ``seconds``."""
     up.reset_peak()
@@ -129,10 +146,7 @@ async def test_an_account_limit_holds_through_every_redis_fault(
     peaks: dict[str, int] = {}
     async with Upstream(token_delay=DELAY, words=WORDS) as up:
         async with _workers(up.openai_url, url) as results:
-            with anyio.fail_after(30):  # every worker has seen the other two (metrics sync)
-                while await _redis(url, lambda r: r.zcard("streamres:metrics:procs")) < WORKERS:  # noqa: ASYNC110 (Redis's, not ours)
-                    await anyio.sleep(0.1)
-            await anyio.sleep(1.0)  # the processes' views of each other: a second's sync
+            await _all_seen(url)
             peaks["steady"] = await _window(up, 2.0)
 
             # Killed, and back without its data.

@@ -82,12 +82,7 @@ async def _client(
 
         config = load(args.config)
         async with streamres.Client(
-            config.routes,
-            account_limits=config.accounts,
-            stall_timeout=config.stall_timeout,
-            breaker_threshold=config.breaker_threshold,
-            breaker_recovery=config.breaker_recovery,
-            **{**common, "deadline": args.deadline or config.deadline},
+            **{**config.client_options(), **common, "deadline": args.deadline or config.deadline}
         ) as client:
             yield client, config.models, args.model[0] if args.model else None
         return

@@ -160,6 +160,18 @@ class Config:
     #: The proxy's limits as a server (``[server]``).
     server: ServerLimits = field(default_factory=ServerLimits)
 
+    def client_options(self) -> dict[str, Any]:
+        """What this configuration says of a ``Client``: its routes, account limits and
+        policy (the proxy and ``streamres batch --config`` build theirs from it)."""
+        return {
+            "routes": self.routes,
+            "account_limits": self.accounts,
+            "deadline": self.deadline,
+            "stall_timeout": self.stall_timeout,
+            "breaker_threshold": self.breaker_threshold,
+            "breaker_recovery": self.breaker_recovery,
+        }
+
 
 _ROUTE_KEYS = {
     "name",

@@ -74,12 +74,7 @@ async def _proxy_app(config: Config, redis: str | None) -> AsyncIterator[Proxy]:
     # The client's own connection pools (``POOLS``): one pool for thousands of answers costs
     # the square of them (5,000 through one spent 58 % of the proxy's CPU in httpcore's pool).
     async with streamres.Client(
-        config.routes,
-        account_limits=config.accounts,
-        deadline=config.deadline,
-        stall_timeout=config.stall_timeout,
-        breaker_threshold=config.breaker_threshold,
-        breaker_recovery=config.breaker_recovery,
+        **config.client_options(),
         shared=redis,
         cache=config.cache,
         read_limits=streamres.ReadLimits(answer=config.max_answer_chars),
