@@ -61,12 +61,12 @@ class CircuitBreaker:
     failures: int = 0
     opened_at: float = 0.0
     probe_out: bool = False
-    #: Attempts and outcomes of about the last ``window`` seconds (decayed), and when they were
-    #: last aged.
+    #: Attempts and outcomes of about the last ``window`` seconds (decayed), attempts of about
+    #: the last ``memory`` seconds (``remembered``), and when they were last aged.
     recent_started: float = 0.0
-    remembered: float = 0.0
     recent_ok: float = 0.0
     recent_failed: float = 0.0
+    remembered: float = 0.0
     aged_at: float = 0.0
 
     def try_acquire(self, now: float) -> bool:

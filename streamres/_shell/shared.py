@@ -175,8 +175,9 @@ return 1
 #: second, and at every release).
 WAITER = 3000
 
-#: Running answers' leases extended — re-added if Redis lost them (FLUSHALL, a pause past
-#: their expiry), so they are back at the next extension: ARGV[1] their ms, [2...] the ids.
+#: Leases extended — re-added whatever the count if Redis lost them (FLUSHALL, a pause past
+#: their expiry, a restart without data), so they are back at the next extension or at the
+#: rejoin: ARGV[1] their ms, [2...] the ids.
 _EXTEND = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -184,18 +185,6 @@ local until_ = now + tonumber(ARGV[1])
 for i, key in ipairs(KEYS) do
   for j = 2, #ARGV do redis.call('ZADD', key, until_, ARGV[j]) end
   redis.call('PEXPIRE', key, tonumber(ARGV[1]) * 2)
-end
-return 1
-"""
-
-#: A lease put back whatever the count (Redis came back without it): ARGV[1] the lease id,
-#: [2] its ms.
-_REASSERT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for i, key in ipairs(KEYS) do
-  redis.call('ZADD', key, now + tonumber(ARGV[2]), ARGV[1])
-  redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
 end
 return 1
 """
@@ -399,7 +388,6 @@ class SharedState(Limits):
         self._doubtful: collections.deque[tuple[str, list[str]]] = collections.deque(
             maxlen=65_536  # older ones have expired in Redis by the rejoin anyway
         )
-        self.recoveries = 0
         self._subscribed = anyio.Event()
         self._deposits = 0
         self._outbox_send, self._outbox = anyio.create_memory_object_stream[
@@ -450,7 +438,6 @@ class SharedState(Limits):
                 ("reepoch", _REEPOCH),
                 ("release", _RELEASE),
                 ("leave", _LEAVE),
-                ("reassert", _REASSERT),
                 ("share", _SHARE),
                 ("claim", _CLAIM),
                 ("unclaim", _UNCLAIM),
@@ -696,11 +683,18 @@ class SharedState(Limits):
                 if lease is None and keys:
                     held[i] = fresh = uuid.uuid4().hex
                     self._leases[fresh] = keys
-        for lease, keys in list(self._leases.items()):
-            if lease in self._leases:  # not released while the others were sent
-                got = await self._call("reassert", keys, [lease, int(LEASE * 1000)], rejoining=True)
-                if got is None:
-                    return False  # gone again: the next check tries once more
+        return await self._extend(rejoining=True)
+
+    async def _put_back(self) -> bool:
+        """Every slot held back in Redis (:meth:`_reassert`), then the fleet's epoch taken
+        (the one another process wrote, or a new one that holds new slots back for
+        ``EPOCH_GRACE``). False if Redis went away meanwhile."""
+        if not await self._reassert():
+            return False
+        epoch = await self._call("reepoch", [self._epoch_key], [], rejoining=True)
+        if epoch is None:
+            return False
+        self._epoch = str(epoch)
         return True
 
     async def _recover(self, seen: str) -> None:
@@ -711,12 +705,7 @@ class SharedState(Limits):
         async with self._recovering:
             if self._epoch != seen:
                 return  # another of this process's tasks recovered meanwhile
-            if not await self._reassert():
-                return  # Redis went away: the rejoin puts them back
-            epoch = await self._call("reepoch", [self._epoch_key], [])
-            if epoch is not None:
-                self._epoch = str(epoch)
-                self.recoveries += 1
+            if await self._put_back():  # else Redis went away: the rejoin puts them back
                 log.warning(
                     "streamres.shared_data_lost",
                     url=redact_url(self.url),
@@ -770,12 +759,8 @@ class SharedState(Limits):
                     continue
                 # The slots this process holds go back first: until they are counted, new
                 # requests here keep to the local limits, and elsewhere wait for them.
-                if not await self._reassert():
+                if not await self._put_back():
                     continue
-                epoch = await self._call("reepoch", [self._epoch_key], [], rejoining=True)
-                if epoch is None:
-                    continue
-                self._epoch = str(epoch)
                 while self._doubtful:
                     lease, keys = self._doubtful.popleft()
                     self._post("release", keys, [lease, self._channel, "{}"])
@@ -788,8 +773,9 @@ class SharedState(Limits):
                 extended = anyio.current_time()
                 await self._extend()
 
-    async def _extend(self) -> None:
-        """Every running answer's lease, a round trip per set of keys and batch."""
+    async def _extend(self, *, rejoining: bool = False) -> bool:
+        """Every held lease extended (or put back), a round trip per set of keys and batch;
+        False if Redis did not answer one."""
         groups: dict[tuple[str, ...], list[str]] = {}
         for lease, its_keys in self._leases.items():
             groups.setdefault(tuple(its_keys), []).append(lease)
@@ -798,7 +784,10 @@ class SharedState(Limits):
                 # Only those still held (not released while the others were sent).
                 batch = [x for x in leases[at : at + EXTEND_BATCH] if x in self._leases]
                 if batch:
-                    await self._call("extend", list(keys), [int(LEASE * 1000), *batch])
+                    args = [int(LEASE * 1000), *batch]
+                    if await self._call("extend", list(keys), args, rejoining=rejoining) is None:
+                        return False  # gone again: the next check tries once more
+        return True
 
     # -- weights and metrics -------------------------------------------------------------
 
