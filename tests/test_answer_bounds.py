@@ -21,8 +21,8 @@ from streamres import (
     ThinkingEvent,
     ToolCallEvent,
 )
+from streamres._answer.machine import READ, Fail, Finish, Load, Send
 from streamres._core.bounds import BYTES_PER_TOKEN, BYTES_SLACK, token_bytes
-from streamres._core.machine import READ, Fail, Finish, Load, Send
 from streamres._core.tokens import ON_LOOP, TokenLedger, approximate_tokens
 from tests.test_machine import FINISH, SSE_HEADERS, Plan, answer, drive, options, sse, text_chunk
 

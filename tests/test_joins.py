@@ -14,9 +14,9 @@ import pytest
 
 import streamres
 from streamres import Client, Route
+from streamres._answer.machine import SEAM_TRIES
 from streamres._core.continuation import choose, continues_prefill, instruction
 from streamres._core.dedup import Deduplicator, ends_a_sentence
-from streamres._core.machine import SEAM_TRIES
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 
 from .conftest import FAST, USER, collect

@@ -30,8 +30,7 @@ from streamres import (
     TextEvent,
     ToolCallEvent,
 )
-from streamres._core.classify import Failure, failure
-from streamres._core.machine import (
+from streamres._answer.machine import (
     READ,
     Acquire,
     Answer,
@@ -43,7 +42,8 @@ from streamres._core.machine import (
     Send,
     Wait,
 )
-from streamres._core.options import Options, check_options, resolve_route
+from streamres._answer.options import Options, check_options, resolve_route
+from streamres._core.classify import Failure, failure
 from streamres._core.tokens import approximate_tokens
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
@@ -863,7 +863,7 @@ def test_abandoning_gives_back_exactly_what_is_held() -> None:
 def test_a_shared_budget_is_asked_by_the_shell() -> None:
     """With a budget shared between processes, a retry's ticket is a Reserve action, and the
     wait it returns is the wait before the retry."""
-    from streamres._core.machine import Reserve
+    from streamres._answer.machine import Reserve
 
     m = Answer(options(), now=0.0, shared_budget=True)
     m.start_answer(0.0)

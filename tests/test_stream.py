@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import streamres
-from streamres._core import machine as _machine
+from streamres._answer import request as _machine
 from streamres._shell import stream as _stream
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 

@@ -18,13 +18,13 @@ from typing import Any
 import anyio
 import httpx
 
+from streamres._answer.options import check_client_routes, check_options
 from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
 from streamres._core.cache import Cache, CacheStats, cache_key
 from streamres._core.errors import InvalidRequest
 from streamres._core.events import Event
 from streamres._core.lanes import NORMAL
-from streamres._core.options import check_client_routes, check_options
 from streamres._core.semantic import split_question
 from streamres._core.stall import FIRST_OUTPUT
 from streamres._fleet.balance import RetryBudget

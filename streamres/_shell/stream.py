@@ -1,9 +1,9 @@
 """The I/O shell: ``stream_resilient()``.
 
-This module performs what the answer's state machine (``_machine.Answer``) asks, and decides
+This module performs what the answer's state machine (``_answer.machine.Answer``) asks, and decides
 nothing: it opens HTTP streams, reads their bytes, sleeps, waits for concurrency slots
 (``_limits``), loads token encodings off the event loop, and hands the machine each outcome as
-a fact with the time. See ``_machine`` for the theory of operation.
+a fact with the time. See ``_answer.states`` for the theory of operation.
 
 The deadline and the stall timer bound every wait: the header wait with one cancel scope per
 attempt, each read with the stream's :class:`~streamres._shell.timer.ReadTimer` (one timer whose
@@ -25,13 +25,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from streamres._core.backoff import Backoff
-from streamres._core.bounds import ReadLimits
-from streamres._core.classify import Failure, failure
-from streamres._core.errors import InvalidRequest, StreamError
-from streamres._core.events import Event
-from streamres._core.inflate import ACCEPT_ENCODING
-from streamres._core.machine import (
+from streamres._answer.machine import (
     ERROR_BODY_LIMIT,
     READ,
     Acquire,
@@ -46,7 +40,13 @@ from streamres._core.machine import (
     Send,
     Wait,
 )
-from streamres._core.options import Options, check_options, single_call_routes
+from streamres._answer.options import Options, check_options, single_call_routes
+from streamres._core.backoff import Backoff
+from streamres._core.bounds import ReadLimits
+from streamres._core.classify import Failure, failure
+from streamres._core.errors import InvalidRequest, StreamError
+from streamres._core.events import Event
+from streamres._core.inflate import ACCEPT_ENCODING
 from streamres._core.policy import connect_allowance
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT

@@ -34,8 +34,8 @@ from typing import Any
 import anyio
 
 import streamres
+from streamres._answer.options import KNOWN_ARGUMENTS
 from streamres._core.lanes import NORMAL, parse_priority
-from streamres._core.options import KNOWN_ARGUMENTS
 from streamres._shell.extras import install_hint
 from streamres._shell.tracing import otel_installed
 from streamres.proxy.board import BOARD_HTML
