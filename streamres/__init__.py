@@ -46,6 +46,7 @@ from streamres._shell.batch import BatchProgress, BatchSummary, run_batch
 from streamres._shell.client import Client
 from streamres._shell.shared import SharedStatus
 from streamres._shell.stream import ResilientStream, stream_resilient
+from streamres._version import __version__ as __version__
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
@@ -86,4 +87,3 @@ __all__ = [
     "stream_resilient",
 ]
 
-__version__ = "0.1.0"

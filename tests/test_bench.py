@@ -35,7 +35,7 @@ def test_quick_bench_runs_and_answers_are_exact(tmp_path: pathlib.Path) -> None:
 def test_the_continuation_bench_judges_what_the_caller_saw() -> None:
     """Exact, a removed restart, both copies shown, a seam, glued words: each judged as a
     reader would, against the uncut answer (which may repeat its own words)."""
-    from streamres._apps.continuation_bench import judge
+    from streamres.benchmarks.continuation import judge
 
     ref = "The capital of France is Paris. Paris is known for the Eiffel Tower and the Louvre."
     partial = ref[: ref.index("nown")]  # "…Paris is k"

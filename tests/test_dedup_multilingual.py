@@ -9,9 +9,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import streamres
-from streamres._apps import dedup_bench as _dedup_bench
 from streamres._core.dedup import Deduplicator, seam
 from streamres._core.tokens import token_starts
+from streamres.benchmarks import dedup as _dedup_bench
 from streamres.upstream import Upstream
 
 from .conftest import FAST, collect

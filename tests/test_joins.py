@@ -286,7 +286,7 @@ def test_a_recorded_real_restart_is_never_shown_twice() -> None:
     """Recorded: asked in a new turn to continue, the real model begins the answer again.
     Fed as it came, the de-duplicator removes the repeat: no run of the delivered text comes
     back to the caller."""
-    from streamres._apps.continuation_bench import longest_common
+    from streamres.upstream.real import longest_common
 
     partial = json.loads((SMOL / "cuts.json").read_text("utf-8"))["code"]
     reply = _deltas("instruct-restarts")

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import streamres
-from streamres._apps.continuation_bench import cutting_proxy as _cutting_proxy
+from streamres.upstream.real import cutting_proxy as _cutting_proxy
 
 pytestmark = [
     pytest.mark.anyio,

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 import streamres
-from streamres._apps.continuation_bench import (
+from streamres.upstream.real import (
     cutting_proxy,
     raw_stream,
     request_body,

@@ -13,7 +13,6 @@ import anyio
 import pytest
 
 import streamres
-from streamres._apps import semantic_eval
 from streamres._core.semantic import (
     Semantic,
     SemanticIndex,
@@ -23,6 +22,7 @@ from streamres._core.semantic import (
     split_question,
 )
 from streamres._shell.embedder import bundled_model
+from streamres.benchmarks import semantic as semantic_eval
 from streamres.upstream import Upstream
 
 from .conftest import collect

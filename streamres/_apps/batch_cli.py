@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 import streamres
-from streamres._apps.cli import plural
-from streamres._apps.cliargs import Parser, positive_int
+from streamres._core.wording import plural
+from streamres._shell.cliargs import Parser, positive_int
 from streamres.chat import DEFAULT_MODELS, add_target_arguments, offline_refusal, real_target
 from streamres.chat.app import embedded
 

@@ -16,7 +16,8 @@ import anyio
 import structlog
 
 import streamres
-from streamres._apps.cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
+from streamres._core.wording import plural
+from streamres._shell.cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
 from streamres.chat import DEFAULT_MODELS, add_target_arguments, offline_refusal, real_target
 from streamres.upstream import PRESETS, FaultPlan, Upstream
 
@@ -33,10 +34,6 @@ def _configure_logs(verbose: bool) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _faults(spec: str) -> FaultPlan:
@@ -337,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     while argv[:1] and argv[0] in ("-v", "--verbose"):  # before a command: for every command
         verbose, argv = True, argv[1:]
     if argv[:1] == ["bench"]:
-        from streamres._apps import bench as _bench
+        from streamres import benchmarks as _bench
 
         return _bench.main(argv[1:])
     if argv[:1] == ["chat"]:

@@ -36,7 +36,7 @@ from streamres._shell.flights import Flights, Question
 from streamres._shell.limits import Limits
 from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
-from streamres._shell.shared_cache import SharedAnswers
+from streamres._shell.shared.cache import SharedAnswers
 from streamres._shell.stream import (
     POOLS,
     STREAMING_POOL,

@@ -16,7 +16,7 @@ marked ``cache="semantic"`` with the matched question and its score — then amo
 in flight, whose stream it follows (``cache="joined"``, with the match). The question's vector,
 made once for the lookups, is kept with the answer when it completes.
 
-With ``shared=`` the fleet's cache (``shared_cache``) stands behind this process's: looked in
+With ``shared=`` the fleet's cache (``shared.cache``) stands behind this process's: looked in
 on a miss here, written to when an answer is kept.
 """
 
@@ -34,7 +34,7 @@ from streamres._core.errors import DeadlineExceeded, StreamError
 from streamres._core.events import DoneEvent, Event, TextEvent, Usage
 from streamres._core.semantic import Match, SemanticIndex, normalise
 from streamres._shell.embedder import Embedder
-from streamres._shell.shared_cache import SharedAnswers
+from streamres._shell.shared.cache import SharedAnswers
 
 __all__ = ["Flights", "Question"]
 

@@ -129,7 +129,7 @@ def _load_counter_now(model: str) -> tuple[str, Counter]:
     return got
 
 
-async def _load_counter(model: str) -> tuple[str, Counter]:
+async def load_counter(model: str) -> tuple[str, Counter]:
     got = _counters.get(model)
     if got is None:
         got = _counters[model] = await anyio.to_thread.run_sync(counter_for, model)
@@ -378,7 +378,7 @@ class _Shell:
             ok = await self.limits.acquire(act.route, max(0.0, act.until - asked), act.priority)
             return m.acquired(ok, now(), queued=now() - asked)
         if isinstance(act, Load):
-            name, count = await _load_counter(act.model)
+            name, count = await load_counter(act.model)
             return m.loaded(name, count, now())
         if isinstance(act, Count):
             await anyio.to_thread.run_sync(act.ledger.settle)

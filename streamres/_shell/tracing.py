@@ -34,6 +34,7 @@ from streamres._core.errors import InvalidRequest, StreamError
 from streamres._core.events import DoneEvent, Event
 from streamres._fleet.routes import Route
 from streamres._shell.extras import installed, require
+from streamres._version import __version__
 
 __all__ = ["Tracing", "otel_installed", "traced"]
 
@@ -48,8 +49,6 @@ def otel_installed() -> bool:
 
 
 def _version() -> str:
-    from streamres import __version__
-
     return __version__
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import anyio
 
 import streamres
-from streamres._apps.cliargs import Parser, positive_int, positive_seconds, seconds_or_zero
+from streamres._shell.apps import Parser, positive_int, positive_seconds, seconds_or_zero
 from streamres.chat.keys import Prompt, held_keys
 from streamres.chat.render import Screen, table
 from streamres.chat.words import (

@@ -34,10 +34,13 @@ from typing import Any
 import anyio
 
 import streamres
-from streamres._answer.options import KNOWN_ARGUMENTS
-from streamres._core.lanes import NORMAL, parse_priority
-from streamres._shell.extras import install_hint
-from streamres._shell.tracing import otel_installed
+from streamres._shell.apps import (
+    KNOWN_ARGUMENTS,
+    NORMAL,
+    install_hint,
+    otel_installed,
+    parse_priority,
+)
 from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.config import ClientKey, Config, ServerLimits
 from streamres.proxy.inbound import API, BadRequest, Call, parse

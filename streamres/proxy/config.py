@@ -67,9 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import streamres
-from streamres._core.bounds import ANSWER
-from streamres._core.lanes import NORMAL, parse_priority
-from streamres._shell.extras import install_hint, installed
+from streamres._shell.apps import ANSWER, NORMAL, install_hint, installed, parse_priority
 
 __all__ = ["ClientKey", "Config", "ConfigError", "ServerLimits", "load"]
 

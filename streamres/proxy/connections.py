@@ -24,7 +24,7 @@ import asyncio
 import json
 from typing import Any, ClassVar
 
-from streamres._shell.extras import require
+from streamres._shell.apps import require
 from streamres.proxy.config import ServerLimits
 
 require("uvicorn", "streamres proxy")

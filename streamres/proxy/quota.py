@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from streamres._shell.shared import SharedState
+from streamres._shell.apps import SharedState
 
 __all__ = ["FleetQuota"]
 

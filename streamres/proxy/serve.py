@@ -21,9 +21,7 @@ from typing import Any
 import anyio
 
 import streamres
-from streamres._core.redact import redact_url
-from streamres._shell.extras import require
-from streamres._shell.log import log
+from streamres._shell.apps import log, redact_url, require
 from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, ServerLimits, load
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
@@ -69,7 +67,7 @@ def require_server(server: str) -> None:
 @contextlib.asynccontextmanager
 async def _proxy_app(config: Config, redis: str | None) -> AsyncIterator[Proxy]:
     """The ASGI app over a client for ``config`` (shared through ``redis`` when given)."""
-    from streamres._shell.stream import _load_counter
+    from streamres._shell.apps import load_counter
 
     # The client's own connection pools (``POOLS``): one pool for thousands of answers costs
     # the square of them (5,000 through one spent 58 % of the proxy's CPU in httpcore's pool).
@@ -80,7 +78,7 @@ async def _proxy_app(config: Config, redis: str | None) -> AsyncIterator[Proxy]:
         read_limits=streamres.ReadLimits(answer=config.max_answer_chars),
     ) as client:
         for route in config.routes:  # token counts are never loaded on an answer's path
-            await _load_counter(route.model)
+            await load_counter(route.model)
         yield Proxy(client, config)
 
 

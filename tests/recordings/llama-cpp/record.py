@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from streamres._apps.continuation_bench import launch  # also the llama-cpp-python recorder's
+from streamres.upstream.real import launch  # also the llama-cpp-python recorder's
 
 HERE = Path(__file__).parent
 SOURCES = HERE.parent / "SOURCES.json"

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from streamres import CONTINUE_INSTRUCTION
-from streamres._apps.continuation_bench import serve_gguf
+from streamres.upstream.real import serve_gguf
 
 HERE = Path(__file__).parent
 SOURCES = HERE.parent / "SOURCES.json"

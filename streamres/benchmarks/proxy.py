@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 import httpx
 
+from streamres.benchmarks.table import table
 from streamres.upstream import answer_for
 
 __all__ = ["main"]
@@ -323,18 +324,6 @@ async def _faults_through(words: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-
-    def fmt(v: Any) -> str:
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-
-    widths = {c: max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in cols}
-    lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
-    lines += ["  ".join(fmt(r.get(c, "")).ljust(widths[c]) for c in cols) for r in rows]
-    return "\n".join(lines)
-
-
 async def _all(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     report: dict[str, Any] = {}
@@ -357,13 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     report = anyio.run(_all, args)
     print("\nLatency per token (ms; the upstream writes one token every 5 ms)")
-    print(_table(report["latency"]))
+    print(table(report["latency"]))
     print("\nCPU per 1,000 events")
-    print(_table(report["cpu"]))
+    print(table(report["cpu"]))
     print("\nFan-out")
-    print(_table([report["fanout"]]))
+    print(table([report["fanout"]]))
     print("\nMid-stream faults (error@20, reset@40): what the client got")
-    print(_table(report["faults"]))
+    print(table(report["faults"]))
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     print(f"\nwritten to {args.json}")

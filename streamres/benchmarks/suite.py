@@ -28,7 +28,8 @@ import httpx
 import structlog
 
 import streamres
-from streamres._apps import dedup_bench as _dedup_bench
+from streamres.benchmarks import dedup as _dedup_bench
+from streamres.benchmarks.table import table
 from streamres.upstream import Upstream, answer_for, split_tokens
 
 __all__ = ["main"]
@@ -561,7 +562,7 @@ def _first_calls(url: str, runs: int) -> list[dict[str, Any]]:
         got = []
         for _ in range(runs):
             out = subprocess.run(
-                [sys.executable, "-m", "streamres._apps.bench", "--first", consumer, url],
+                [sys.executable, "-m", "streamres.benchmarks.suite", "--first", consumer, url],
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -823,7 +824,7 @@ def _hostile() -> list[dict[str, Any]]:
     for name, faults in _ATTACKS.items():
         with _server("--faults", faults) as url:
             out = subprocess.run(
-                [sys.executable, "-m", "streamres._apps.bench", "--probe", url],
+                [sys.executable, "-m", "streamres.benchmarks.suite", "--probe", url],
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -834,21 +835,6 @@ def _hostile() -> list[dict[str, Any]]:
 
 
 # -- report --------------------------------------------------------------------------------
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    def fmt(v: Any) -> str:
-        if isinstance(v, bool):
-            return "yes" if v else "NO"
-        if isinstance(v, float):
-            return f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
-        return str(v)
-
-    cells = [columns] + [[fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells
-    )
 
 
 async def _all(args: argparse.Namespace) -> dict[str, Any]:
@@ -908,12 +894,12 @@ _DEDUP_COLUMNS = [
 
 def _print_dedup(rows: list[dict[str, Any]]) -> None:
     print("\nDe-duplication (instruct resumes backing up 0-60 tokens; near-repeats kept)")
-    print(_table(rows, _DEDUP_COLUMNS))
+    print(table(rows, _DEDUP_COLUMNS))
 
 
 def _semantic() -> dict[str, Any]:
-    from streamres._apps import semantic_eval
     from streamres._shell.embedder import bundled_model
+    from streamres.benchmarks import semantic as semantic_eval
 
     started = time.perf_counter()
     model = bundled_model()
@@ -927,7 +913,7 @@ def _semantic() -> dict[str, Any]:
 def _print_semantic(report: dict[str, Any]) -> None:
     print("\nSemantic cache: labelled question pairs (precision = right hits / hits)")
     print(
-        _table(
+        table(
             report["pairs"],
             ["threshold", "set", "language", "pairs", "precision", "recall", "wrong_hits"],
         )
@@ -936,31 +922,6 @@ def _print_semantic(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    given = argv if argv is not None else sys.argv[1:]
-    if given[:1] == ["proxy"]:
-        from streamres._apps import bench_proxy
-
-        return bench_proxy.main(given[1:])
-    if given[:1] == ["warning"]:
-        from streamres._apps import warning_bench
-
-        return warning_bench.main(given[1:])
-    if given[:1] in (["load"], ["--load"]):
-        from streamres._apps import load_bench
-
-        return load_bench.main(given[1:])
-    if given[:1] == ["abuse"]:
-        from streamres._apps import abuse_bench
-
-        return abuse_bench.main(given[1:])
-    if given[:1] == ["batch"]:
-        from streamres._apps import batch_bench
-
-        return batch_bench.main(given[1:])
-    if given[:1] in (["continuation"], ["--continuation"]):
-        from streamres._apps import continuation_bench
-
-        return continuation_bench.main(given[1:])
     p = argparse.ArgumentParser(prog="streamres bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, one run (a smoke test)")
     p.add_argument("--runs", type=int, default=5, help="runs per throughput figure (median)")
@@ -997,7 +958,7 @@ def main(argv: list[str] | None = None) -> int:
     report = anyio.run(_all, args)
     print("\nThroughput (client CPU µs per SSE event, median; ratio to httpx-sse + json.loads)")
     print(
-        _table(
+        table(
             report["throughput"],
             [
                 "framing",
@@ -1015,20 +976,20 @@ def main(argv: list[str] | None = None) -> int:
         {k: round(v, 1) for k, v in report["idle_stream_kib"].items()},
     )
     print("\nFirst call in a fresh process (imports excluded; median)")
-    print(_table(report["first_call"], ["consumer", "ms", "rss_added_mib", "ratio_to_httpx_sse"]))
+    print(table(report["first_call"], ["consumer", "ms", "rss_added_mib", "ratio_to_httpx_sse"]))
     print(
         "\nPeak heap per stream (KiB):", {k: round(v) for k, v in report["peak_memory_kib"].items()}
     )
     print("\nToken ledger (µs per event)")
     print(
-        _table(
+        table(
             report["ledger"],
             ["events", "ledger_us_per_event", "encode_each_delta_us", "reencode_whole_us"],
         )
     )
     print("\nRecovery (gap = fault detected → next new character, minus the backoff)")
     print(
-        _table(
+        table(
             report["recovery"],
             [
                 "scenario",
@@ -1042,16 +1003,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print("\nChaos soak")
-    print(_table([report["soak"]], list(report["soak"])))
+    print(table([report["soak"]], list(report["soak"])))
     _print_dedup(report["dedup"])
     print("\nStall detection (default settings: the limit follows the stream's pace)")
-    print(_table(report["stalls"], ["stream", "stall_to_resume_s"]))
+    print(table(report["stalls"], ["stream", "stall_to_resume_s"]))
     print(
         "\nA request mix with 30 % repeats (half in other words), 20 at a time, upstream "
         "serving 5 at once"
     )
     print(
-        _table(
+        table(
             report["cache"],
             [
                 "setup",
@@ -1067,9 +1028,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     _print_semantic(report["semantic"])
     print("\nShared state: what an answer costs (sequential answers, a limit of 8)")
-    print(_table(report["shared"], ["setup", "ttft_p50_ms", "round_trips_per_answer", "note"]))
+    print(table(report["shared"], ["setup", "ttft_p50_ms", "round_trips_per_answer", "note"]))
     print("\nHostile upstreams (one attempt, client process peak RSS)")
-    print(_table(report["hostile"], ["attack", "outcome", "seconds", "peak_rss_mib"]))
+    print(table(report["hostile"], ["attack", "outcome", "seconds", "peak_rss_mib"]))
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     print(f"\nwritten to {args.json}")

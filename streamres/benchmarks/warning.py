@@ -20,6 +20,7 @@ from typing import Any
 
 import streamres
 from streamres._fleet.fleet import Fleet
+from streamres.benchmarks.table import table
 
 __all__ = ["main", "simulate"]
 
@@ -85,7 +86,6 @@ def simulate(steering: bool, seed: int = 0, seconds: int = 600, rate: int = 4) -
 
 
 def main(argv: list[str]) -> int:
-    from streamres._apps.bench import _table
 
     p = argparse.ArgumentParser(prog="streamres bench warning", description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=5, help="runs per setting (seeds 0…N-1)")
@@ -103,5 +103,5 @@ def main(argv: list[str]) -> int:
         row["a_share_while_sliding"] = f"{sum(shares) / len(shares):.0f}%"
         rows.append(row)
     print("A model sliding to capacity (simulated, the fleet's own policy; mean of the seeds)")
-    print(_table(rows, list(rows[0])))
+    print(table(rows, list(rows[0])))
     return 0

@@ -24,7 +24,8 @@ THRESHOLDS = (0.90, 0.92, 0.93, 0.95, 0.97)
 
 
 def load_pairs() -> list[dict[str, Any]]:
-    text = resources.files("streamres._apps").joinpath("semantic_pairs.json").read_text("utf-8")
+    here = resources.files("streamres.benchmarks")
+    text = here.joinpath("semantic_pairs.json").read_text("utf-8")
     pairs: list[dict[str, Any]] = json.loads(text)["pairs"]
     return pairs
 

@@ -29,8 +29,9 @@ import anyio
 import httpx
 
 import streamres
-from streamres._apps.bench_proxy import _cpu_seconds, _peak_rss_mib, _process
 from streamres._shell.stream import POOLS
+from streamres.benchmarks.proxy import _cpu_seconds, _peak_rss_mib, _process
+from streamres.benchmarks.table import table
 from streamres.upstream import answer_for
 
 __all__ = ["main"]
@@ -180,7 +181,6 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-    from streamres._apps.bench import _table
 
     p = argparse.ArgumentParser(prog="streamres bench load", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 5000])
@@ -204,7 +204,7 @@ def main(argv: list[str]) -> int:
         "breaker_opened",
         "client_side",
     ]
-    print(_table(rows, columns))
+    print(table(rows, columns))
     for row in rows:
         if row["not_exact"]:
             print(f"  {row['path']} {row['faults']} {row['streams']}: not exact:", row["not_exact"])

@@ -32,7 +32,8 @@ import anyio
 import anyio.abc
 import httpx
 
-from streamres._apps.bench_proxy import _peak_rss_mib, _process
+from streamres.benchmarks.proxy import _peak_rss_mib, _process
+from streamres.benchmarks.table import table
 
 __all__ = ["main"]
 
@@ -67,7 +68,7 @@ def _servers(server: str = "") -> Iterator[tuple[str, int]]:
     """The endless upstream and the proxy in front of it: (the proxy's URL, its pid)."""
     # The upstream stands for another machine: it runs at a lower priority, so the cores it
     # takes to stream without end are not charged to the proxy's /health.
-    upstream = ["nice", "-n", "10", sys.executable, "-m", "streamres._apps.abuse_bench"]
+    upstream = ["nice", "-n", "10", sys.executable, "-m", "streamres.benchmarks.abuse"]
     upstream.append("--serve-endless")
     with _process(upstream, "endless upstream on") as (up, _):
         with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
@@ -245,7 +246,6 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-    from streamres._apps.bench import _table
 
     p = argparse.ArgumentParser(prog="streamres bench abuse", description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=20, help="each phase's length")
@@ -275,7 +275,7 @@ def main(argv: list[str]) -> int:
         "closed_by_proxy",
     ]
     print("The proxy against an endless upstream and careless clients (default limits)")
-    print(_table(rows, columns))
+    print(table(rows, columns))
     for row in rows:
         if "ends" in row:
             print("  answers' ends:", row["ends"])

@@ -31,6 +31,7 @@ import httpx
 import structlog
 
 import streamres
+from streamres.benchmarks.table import table
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 
 __all__ = ["main", "run"]
@@ -222,7 +223,6 @@ async def run(quick: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    from streamres._apps.bench import _table
 
     p = argparse.ArgumentParser(prog="streamres bench batch", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a 200-request storm, a shorter batch")
@@ -231,11 +231,11 @@ def main(argv: list[str]) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     report = anyio.run(run, args.quick)
     print("The seed's case: 20 requests at once, an account serving 5 at a time (429 beyond)")
-    print(_table(report["seed_case"], list(report["seed_case"][0])))
+    print(table(report["seed_case"], list(report["seed_case"][0])))
     print("\nA batch through a sustained fault storm")
-    print(_table([report["storm"]], list(report["storm"])))
+    print(table([report["storm"]], list(report["storm"])))
     print("\nA person's time to first token while a batch saturates the account (4 slots)")
-    print(_table(report["person"], list(report["person"][0])))
+    print(table(report["person"], list(report["person"][0])))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     exact = report["storm"]["exact"].split("/")

@@ -30,7 +30,7 @@ key prefix (``shared_prefix``, default ``"streamres"``: one prefix per fleet) sh
   back everyone's (one script): ``Client.fleet_metrics()`` sums them; a process silent for
   three seconds drops out.
 
-The answer cache, when the client has one, is shared too (``shared_cache``).
+The answer cache, when the client has one, is shared too (``shared.cache``).
 
 A stream never waits on Redis longer than ``timeout`` (0.25 s). When Redis is slow or down,
 streams go on with this process's own limits and view — which count every lease it holds, so
@@ -71,6 +71,7 @@ from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
 from streamres._shell.limits import Limits, Slots, account_of
 from streamres._shell.log import log
+from streamres._shell.shared.scripts import script
 
 __all__ = ["SharedState", "SharedStatus"]
 
@@ -100,76 +101,15 @@ EPOCH_GRACE = 1500
 #: lost its data* — this process's leases are not in it: put them back first. For
 #: ``EPOCH_GRACE`` ms after an ``r`` epoch nothing is taken, so that every process (each
 #: checks the epoch every second) has put its leases back before new ones are counted.
-_ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local epoch = redis.call('GET', KEYS[1])
-if not epoch then
-  if ARGV[5] ~= '' then return {-1, ''} end
-  epoch = 'f' .. now
-  redis.call('SET', KEYS[1], epoch)
-elseif ARGV[5] ~= '' and ARGV[5] ~= epoch then
-  return {-1, epoch}
-end
-if string.sub(epoch, 1, 1) == 'r' and now < tonumber(string.sub(epoch, 2)) + EPOCH_GRACE then
-  return {0, epoch}
-end
-local lease, rank = ARGV[1], -tonumber(ARGV[3]) * 1e13 + now
-local ok = true
-for i = 2, #KEYS do
-  local key = KEYS[i]
-  local line, alive = key .. ':line', key .. ':alive'
-  local gone = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
-  for _, id in ipairs(gone) do
-    redis.call('ZREM', line, id)
-    redis.call('ZREM', alive, id)
-  end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  local mine = redis.call('ZSCORE', line, lease)
-  if mine then rank = math.min(rank, tonumber(mine)) end
-  local ahead = redis.call('ZCOUNT', line, '-inf', '(' .. string.format('%.17g', rank))
-  if tonumber(ARGV[4 + i]) - redis.call('ZCARD', key) <= ahead then ok = false end
-end
-for i = 2, #KEYS do
-  local key = KEYS[i]
-  local line, alive = key .. ':line', key .. ':alive'
-  if ok then
-    redis.call('ZADD', key, now + tonumber(ARGV[2]), lease)
-    redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
-    redis.call('ZREM', line, lease)
-    redis.call('ZREM', alive, lease)
-  else
-    redis.call('ZADD', line, rank, lease)
-    redis.call('ZADD', alive, now + tonumber(ARGV[4]), lease)
-    redis.call('PEXPIRE', line, tonumber(ARGV[2]) * 2)
-    redis.call('PEXPIRE', alive, tonumber(ARGV[2]) * 2)
-  end
-end
-if ok then return {1, epoch} end
-return {0, epoch}
-""".replace("EPOCH_GRACE", str(EPOCH_GRACE))
+_ACQUIRE = script("acquire", EPOCH_GRACE=EPOCH_GRACE)
 
 #: The epoch after this process put its leases back into a Redis that lost them: the one
 #: another process already wrote, or a new ``r<ms>`` (KEYS[1] the epoch).
-_REEPOCH = """
-local epoch = redis.call('GET', KEYS[1])
-if epoch then return epoch end
-local t = redis.call('TIME')
-epoch = 'r' .. (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-redis.call('SET', KEYS[1], epoch)
-return epoch
-"""
+_REEPOCH = script("reepoch")
 
 #: A waiter that gave up (its deadline, or cancelled) leaves the lines; the next one may be
 #: able to go now, so it is told.
-_LEAVE = """
-for i, key in ipairs(KEYS) do
-  redis.call('ZREM', key .. ':line', ARGV[1])
-  redis.call('ZREM', key .. ':alive', ARGV[1])
-end
-redis.call('PUBLISH', ARGV[2], ARGV[3])
-return 1
-"""
+_LEAVE = script("leave")
 
 #: ms a waiter's place in a shared line lasts unless renewed (waiters renew it every half
 #: second, and at every release).
@@ -178,56 +118,21 @@ WAITER = 3000
 #: Leases extended — re-added whatever the count if Redis lost them (FLUSHALL, a pause past
 #: their expiry, a restart without data), so they are back at the next extension or at the
 #: rejoin: ARGV[1] their ms, [2...] the ids.
-_EXTEND = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local until_ = now + tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-  for j = 2, #ARGV do redis.call('ZADD', key, until_, ARGV[j]) end
-  redis.call('PEXPIRE', key, tonumber(ARGV[1]) * 2)
-end
-return 1
-"""
+_EXTEND = script("extend")
 
-_RELEASE = """
-for i, key in ipairs(KEYS) do redis.call('ZREM', key, ARGV[1]) end
-redis.call('PUBLISH', ARGV[2], ARGV[3])
-return 1
-"""
+_RELEASE = script("release")
 
 #: Keep the later "refused until" of a model (or, ARGV[5] = "clear", forget it: the model
 #: recovered), and tell everyone.
-_SHARE = """
-if ARGV[5] == 'clear' then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-else
-  local cur = redis.call('HGET', KEYS[1], ARGV[1])
-  if (not cur) or tonumber(cur) < tonumber(ARGV[2]) then
-    redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  end
-  redis.call('PEXPIRE', KEYS[1], 86400000)
-end
-redis.call('PUBLISH', ARGV[3], ARGV[4])
-return 1
-"""
+_SHARE = script("share")
 
 #: One half-open probe across the processes: -1 if this one claimed it, else the ms left on
 #: the other's claim — or on the model's reopened circuit (KEYS[2] field ARGV[3], a wall-clock
 #: time): the probe that reopened it frees its claim just after, and another process must not
 #: take the claim before that news reaches it.
-_CLAIM = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local open = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
-if open > now then return math.ceil((open - now) * 1000) end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return -1 end
-return redis.call('PTTL', KEYS[1])
-"""
+_CLAIM = script("claim")
 
-_UNCLAIM = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 1
-"""
+_UNCLAIM = script("unclaim")
 
 #: How long a probe's claim lasts if its outcome never comes (a crashed process).
 PROBE_CLAIM = 60.0
@@ -236,79 +141,17 @@ PROBE_CLAIM = 60.0
 #: the cap growing with the fleet's recent first attempts, Redis's clock): ARGV[1] "deposit"
 #: (ARGV[7] first attempts), "refund", or "reserve" (returns the seconds until the reserved
 #: token is there; -1: never); ARGV[2..6]: ratio, floor, cap, initial balance, window.
-_BUDGET = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local ratio, floor, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local window = tonumber(ARGV[6])
-local b = redis.call('HMGET', KEYS[1], 'balance', 'updated', 'recent')
-local balance = tonumber(b[1]) or tonumber(ARGV[5])
-local updated = tonumber(b[2]) or now
-local recent = tonumber(b[3]) or 0
-if now > updated then
-  recent = recent * math.exp(-(now - updated) / window)
-  balance = math.min(math.max(cap, ratio * recent), balance + (now - updated) * floor)
-  updated = now
-end
-local out = 0
-if ARGV[1] == 'deposit' then
-  local n = tonumber(ARGV[7] or '1')
-  recent = recent + n
-  balance = math.min(math.max(cap, ratio * recent), balance + ratio * n)
-elseif ARGV[1] == 'refund' then
-  balance = math.min(math.max(cap, ratio * recent), balance + 1)
-else
-  balance = balance - 1
-  if balance < 0 then
-    if floor <= 0 then out = -1 else out = -balance / floor end
-  end
-end
-redis.call('HSET', KEYS[1], 'balance', tostring(balance), 'updated', tostring(updated),
-  'recent', tostring(recent))
-redis.call('EXPIRE', KEYS[1], 86400)
-return tostring(out)
-"""
+_BUDGET = script("budget")
 
 
 #: A model's weight for the fleet: ARGV[2] "failure" (x penalty) or "success" (a quarter of the
 #: way back), from ARGV[3] base, [4] penalty, [5] restore, [6] floor; published on ARGV[7].
-_WEIGHT = """
-local w = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[3])
-local base, penalty, restore, floor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
-  tonumber(ARGV[6])
-if ARGV[2] == 'failure' then
-  w = math.max(base * floor, w * penalty)
-else
-  w = math.min(base, w + (base - w) * restore)
-end
-local exact = string.format('%.17g', w)  -- tostring and cjson would round to 14 digits
-if w >= base then redis.call('HDEL', KEYS[1], ARGV[1]) else
-  redis.call('HSET', KEYS[1], ARGV[1], exact)
-end
-redis.call('PEXPIRE', KEYS[1], 86400000)
-redis.call('PUBLISH', ARGV[7],
-  '{"kind":"weight","route":' .. cjson.encode(ARGV[1]) .. ',"weight":' .. exact .. '}')
-return exact
-"""
+_WEIGHT = script("weight")
 
 #: This process's metrics for the fleet's view, and everyone's back: KEYS[1] the set of
 #: processes (score: when their figures expire); ARGV: id, figures (JSON), ms they last, key
 #: prefix of the figures.
-_METRICS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[3])
-redis.call('SET', ARGV[4] .. ARGV[1], ARGV[2], 'PX', ttl)
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('PEXPIRE', KEYS[1], ttl * 2)
-local out = {}
-for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local figures = redis.call('GET', ARGV[4] .. id)
-  if figures then table.insert(out, figures) end
-end
-return out
-"""
+_METRICS = script("metrics")
 
 #: Seconds between two metrics syncs; a process silent for three is no longer counted.
 METRICS_EVERY = 1.0

@@ -1,0 +1,39 @@
+"""What the apps built on the library take from it beyond its public API, in one place.
+
+The terminal chat (``streamres.chat``) and the proxy (``streamres.proxy``) use ``streamres``'s
+public names and these; they reach no deeper (``tests/test_layers.py`` holds them to it). Each
+name is documented where it is defined; this module only gathers them.
+"""
+
+from __future__ import annotations
+
+from streamres._answer.options import KNOWN_ARGUMENTS
+from streamres._core.bounds import ANSWER
+from streamres._core.lanes import NORMAL, parse_priority
+from streamres._core.redact import redact_url
+from streamres._shell.cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
+from streamres._shell.extras import install_hint, installed, require
+from streamres._shell.log import log
+from streamres._shell.shared import SharedState
+from streamres._shell.stream import load_counter
+from streamres._shell.tracing import otel_installed
+
+__all__ = [
+    "ANSWER",
+    "KNOWN_ARGUMENTS",
+    "NORMAL",
+    "Parser",
+    "SharedState",
+    "install_hint",
+    "installed",
+    "load_counter",
+    "log",
+    "otel_installed",
+    "parse_priority",
+    "port",
+    "positive_int",
+    "positive_seconds",
+    "redact_url",
+    "require",
+    "seconds_or_zero",
+]
