@@ -1,7 +1,7 @@
 """What the apps built on the library take from it beyond its public API, in one place.
 
 The terminal chat (``streamres.chat``) and the proxy (``streamres.proxy``) use ``streamres``'s
-public names and these; they reach no deeper (``tests/test_layers.py`` holds them to it). Each
+public names and these; they reach no deeper (``tests/faces/test_layers.py`` holds them to it). Each
 name is documented where it is defined; this module only gathers them.
 """
 

@@ -16,7 +16,7 @@ tools.) Greedy decoding and fixed seeds make each
 recording the same on every run of the same build.
 
 Writes ``chat-*.sse`` here and their entries in ``../SOURCES.json`` (replayed by
-``tests/test_recordings.py`` against the official SDK's reading).
+``tests/end_to_end/test_recordings.py`` against the official SDK's reading).
 """
 
 from __future__ import annotations

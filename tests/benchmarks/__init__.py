@@ -1,0 +1,1 @@
+"""The benchmarks' own tests (the only tests that import them)."""

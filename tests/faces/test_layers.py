@@ -1,0 +1,146 @@
+"""The package's floors, read from its imports: no import runs up a floor, no module imports
+itself back through others, and the apps use the library's public names and ``_shell.apps``."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import streamres
+
+ROOT = pathlib.Path(streamres.__file__).parent
+
+#: Each room of the package and its floor, from the bottom up: a module may import its own
+#: room and the floors below, never one above (``upstream`` is the embedded test server, beside
+#: the pure floors; ``benchmarks`` measure everything, and only the command line imports them).
+FLOORS: dict[str, int] = {
+    "streamres._version": 0,
+    "streamres._core": 1,
+    "streamres._providers": 2,
+    "streamres._fleet": 2,
+    "streamres.upstream": 2,
+    "streamres._answer": 3,
+    "streamres._shell": 4,
+    "streamres": 5,  # the public face: __init__, prometheus
+    "streamres.chat": 6,
+    "streamres.proxy": 6,
+    "streamres.benchmarks": 7,
+    "streamres._apps": 8,
+    "streamres.__main__": 9,
+}
+
+#: What the public apps may import of the library.
+APP_NAMES = ("streamres", "streamres.prometheus", "streamres.upstream", "streamres._shell.apps")
+
+
+def _module(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _room(module: str) -> str:
+    """The longest room name ``module`` lies in."""
+    best = "streamres"
+    for room in FLOORS:
+        if (module == room or module.startswith(room + ".")) and len(room) > len(best):
+            best = room
+    return best
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports (``from x import y``
+    counts ``x.y`` when that is a module)."""
+    modules = {_module(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(
+                    f"{node.module}.{a.name}"
+                    for a in node.names
+                    if f"{node.module}.{a.name}" in modules
+                )
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_the_floors_cover_every_module() -> None:
+    """Every module of the package lies in a room whose floor is known."""
+    assert all(_room(m) in FLOORS for m in _imports())
+
+
+def test_no_import_runs_up_a_floor() -> None:
+    """A module imports its own room and the floors below it, never above."""
+    graph = _imports()
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if _room(b) != _room(a) and FLOORS[_room(b)] >= FLOORS[_room(a)]
+        # the package's own __init__ imports the floors it re-exports (below it): a room's
+        # module importing the package means the public face, one floor up
+    ]
+    assert upward == []
+
+
+def test_no_module_imports_itself_back() -> None:
+    """The import graph has no circle (imports inside functions included)."""
+    graph = _imports()
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if nxt in ("streamres",):  # the package's face: re-exports, not a room's code
+                continue
+            if state.get(nxt) == 1:
+                circles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert circles == []
+
+
+def test_the_apps_use_the_public_names() -> None:
+    """The terminal chat and the proxy import the public package, the embedded upstream,
+    ``_shell.apps`` and their own rooms — nothing private beyond that."""
+    graph = _imports()
+    reached = [
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if _room(a) in ("streamres.chat", "streamres.proxy")
+        for b in targets
+        if _room(b) != _room(a)
+        and not any(b == n or (n != "streamres" and b.startswith(n + ".")) for n in APP_NAMES)
+    ]
+    assert reached == []
+
+
+def test_tests_do_not_import_the_benchmarks() -> None:
+    """Test helpers live in the tests; only the benchmarks' own tests import a benchmark."""
+    tests = pathlib.Path(__file__).parents[1]
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if "benchmarks" in path.parts or "recordings" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            found += [f"{path.name}: {n}" for n in names if n.startswith("streamres.benchmarks")]
+    assert found == []

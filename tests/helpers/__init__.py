@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: streams, loopback servers, the SDKs' view of a stream."""

@@ -1,0 +1,1 @@
+"""The I/O shell: streams, the client, shared state on a real Redis, against loopback servers."""

@@ -1,0 +1,318 @@
+"""Nothing a request says is dropped: parameters and content parts (images, documents) reach
+the upstream in its provider's shape, or are refused by name before any request; and they are
+part of what the cache tells apart.
+
+The proxy is checked with the official SDKs as clients and a recording server as the upstream
+(it answers every request with one fixed stream and keeps what it was sent).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from streamres._providers.params import for_provider
+from streamres._providers.parts import content_for
+from streamres.proxy import running
+from streamres.proxy.config import parse
+from tests.helpers.hostile import hostile, openai_answer, streamed
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
+PDF = base64.b64encode(b"%PDF-1.4 tiny").decode()
+
+
+# -- the tables, without sockets ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "given", "sent"),
+    [
+        ("anthropic", {"stop": "END"}, {"stop_sequences": ["END"]}),
+        ("anthropic", {"user": "u1"}, {"metadata": {"user_id": "u1"}}),
+        ("anthropic", {"top_k": 5, "n": 1, "presence_penalty": 0}, {"top_k": 5}),
+        ("anthropic", {"store": False, "logprobs": False}, {}),
+        ("openai", {"stop_sequences": ["a"]}, {"stop": ["a"]}),
+        (
+            "openai",
+            {"thinking": {"type": "enabled", "budget_tokens": 3000}},
+            {"reasoning_effort": "medium"},
+        ),
+        (
+            "openai",
+            {"text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}},
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {}},
+                }
+            },
+        ),
+        ("openai", {"reasoning": {"effort": "high"}}, {"reasoning_effort": "high"}),
+        (
+            "openai-responses",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {}},
+                }
+            },
+            {"text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}},
+        ),
+        ("openai-responses", {"reasoning_effort": "low"}, {"reasoning": {"effort": "low"}}),
+        ("openai-responses", {"verbosity": "low"}, {"text": {"verbosity": "low"}}),
+    ],
+)
+def test_parameters_are_converted_for_each_provider(
+    provider: str, given: dict[str, Any], sent: dict[str, Any]
+) -> None:
+    assert for_provider(provider, given) == sent
+
+
+@pytest.mark.parametrize(
+    ("provider", "given", "named"),
+    [
+        ("anthropic", {"seed": 7}, "seed"),
+        ("anthropic", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("anthropic", {"presence_penalty": 0.5}, "presence_penalty"),
+        ("anthropic", {"logit_bias": {"50256": -100}}, "logit_bias"),
+        ("anthropic", {"reasoning_effort": "high"}, "reasoning_effort"),
+        ("anthropic", {"store": True}, "store"),
+        ("openai-responses", {"stop": ["x"]}, "stop"),
+        ("openai-responses", {"top_k": 3}, "top_k"),
+    ],
+)
+def test_a_parameter_a_provider_lacks_is_refused_by_name(
+    provider: str, given: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"^{named} cannot be sent to this model: "):
+        for_provider(provider, given)
+
+
+def test_images_and_documents_convert_every_way() -> None:
+    """An image (by URL and as data) and a PDF, from each shape to each, and back."""
+    anthropic_parts = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": PDF},
+            "title": "a.pdf",
+        },
+    ]
+    chat = content_for("openai", anthropic_parts)
+    assert chat == [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        {
+            "type": "file",
+            "file": {"file_data": f"data:application/pdf;base64,{PDF}", "filename": "a.pdf"},
+        },
+    ]
+    assert content_for("anthropic", chat) == anthropic_parts
+    responses = content_for("openai-responses", chat)
+    assert [p["type"] for p in responses] == [
+        "input_text",
+        "input_image",
+        "input_image",
+        "input_file",
+    ]
+    assert responses[1]["image_url"] == f"data:image/png;base64,{PNG}"
+    assert content_for("openai", responses) == [
+        chat[0],
+        {"type": "image_url", "image_url": {"url": chat[1]["image_url"]["url"], "detail": "auto"}},
+        {"type": "image_url", "image_url": {"url": chat[2]["image_url"]["url"], "detail": "auto"}},
+        chat[3],
+    ]
+    assert content_for("anthropic", "plain text") == "plain text"
+
+
+# -- through the proxy -------------------------------------------------------------------------
+
+pytestmark_proxy = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+ANSWER = streamed(openai_answer(["It is ", "a picture."]))
+
+
+def proxy_config(url: str, **extra: Any) -> Any:
+    raw: dict[str, Any] = {"routes": [{"name": "m", "model": "m", "base_url": url}]}
+    raw.update(extra)
+    return parse(raw, {})
+
+
+def sent(server: Any, i: int = -1) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(server.requests[i][1])
+    return body
+
+
+@pytestmark_proxy
+@pytest.mark.anyio
+async def test_an_anthropic_client_s_image_and_parameters_reach_an_openai_model() -> None:
+    """Anthropic SDK → proxy → OpenAI-shaped upstream: the image as an image_url data part, the
+    text beside it, top_k and stop sequences in the upstream's names."""
+    async with hostile(ANSWER) as up, running(proxy_config(up.url), port=0) as run:
+        async with anthropic.AsyncAnthropic(base_url=run.url, api_key="k", max_retries=0) as sdk:
+            msg = await sdk.messages.create(
+                model="m",
+                max_tokens=50,
+                stop_sequences=["END"],
+                extra_body={"top_k": 5},
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is this?"},
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "base64",
+                                    "media_type": "image/png",
+                                    "data": PNG,
+                                },
+                            },
+                        ],
+                    }
+                ],
+            )
+        assert msg.content[0].text == "It is a picture."  # type: ignore[union-attr]
+        body = sent(up)
+    assert body["messages"][-1]["content"] == [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+    ]
+    assert (body["top_k"], body["stop"]) == (5, ["END"])
+
+
+@pytestmark_proxy
+@pytest.mark.anyio
+async def test_openai_and_responses_parameters_reach_the_upstream() -> None:
+    """response_format, penalties, logit_bias, reasoning_effort (Chat) and text.format and an
+    input_image (Responses) all arrive, converted to the route's API."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    async with (
+        hostile(ANSWER) as up,
+        running(proxy_config(up.url), port=0) as run,
+        openai.AsyncOpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0) as sdk,
+    ):
+        await sdk.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            response_format=fmt,  # type: ignore[arg-type]
+            presence_penalty=0.5,
+            logit_bias={"50256": -100},
+            reasoning_effort="low",
+        )
+        chat = sent(up)
+        await sdk.responses.create(
+            model="m",
+            input=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "What is this?"},
+                        {"type": "input_image", "image_url": "https://example.com/a.png"},
+                    ],
+                }
+            ],
+            text={"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}},
+        )
+        responses = sent(up)
+    assert chat["response_format"] == fmt
+    assert (chat["presence_penalty"], chat["logit_bias"], chat["reasoning_effort"]) == (
+        0.5,
+        {"50256": -100},
+        "low",
+    )
+    assert responses["response_format"] == fmt
+    assert responses["messages"][-1]["content"][1] == {
+        "type": "image_url",
+        "image_url": {"url": "https://example.com/a.png"},
+    }
+
+
+@pytestmark_proxy
+@pytest.mark.anyio
+async def test_a_parameter_a_fallback_route_lacks_is_a_400_naming_it() -> None:
+    """seed, with an Anthropic route in the model's chain: 400 before any request, naming the
+    parameter and the route; state on one server (previous_response_id) is refused too."""
+    async with hostile(ANSWER) as up:
+        config = proxy_config(
+            up.url,
+            routes=[
+                {"name": "m", "model": "m", "base_url": up.url},
+                {"name": "c", "model": "c", "provider": "anthropic", "base_url": up.url},
+            ],
+            models={"chat": ["m", "c"]},
+        )
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+            r = await http.post(
+                run.url + "/v1/chat/completions",
+                json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "seed": 1},
+            )
+            assert r.status_code == 400, r.text
+            message = r.json()["error"]["message"]
+            assert "seed cannot be sent" in message and "'c'" in message
+            r = await http.post(
+                run.url + "/v1/responses",
+                json={"model": "m", "input": "hi", "previous_response_id": "resp_1"},
+            )
+            assert r.status_code == 400 and "previous_response_id" in r.json()["error"]["message"]
+        assert up.requests == []
+
+
+@pytestmark_proxy
+@pytest.mark.anyio
+async def test_requests_differing_only_in_a_parameter_or_an_image_do_not_share_the_cache() -> None:
+    """A JSON-mode request never gets a cached free-text answer, nor one image another's."""
+    async with hostile(ANSWER) as up:
+        config = proxy_config(up.url, cache={"ttl": 600})
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+            url = run.url + "/v1/chat/completions"
+            base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            json_mode = {**base, "response_format": {"type": "json_object"}}
+
+            def picture(name: str) -> dict[str, Any]:
+                part = {"type": "image_url", "image_url": {"url": f"https://example.com/{name}"}}
+                return {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+
+            for body in (base, base, json_mode, json_mode, picture("a.png"), picture("b.png")):
+                assert (await http.post(url, json=body)).status_code == 200
+    assert len(up.requests) == 4  # base, json_mode, a.png, b.png: each once
+
+
+@pytestmark_proxy
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"deadline": 1e9},
+        {"headers": {"x-api-key": "someone-else"}},
+        {"cache_scope": "another-team"},
+        {"priority": 100},
+        {"base_url": "http://elsewhere.test/v1"},
+    ],
+)
+async def test_a_field_named_as_the_library_s_own_argument_is_refused(
+    field: dict[str, Any],
+) -> None:
+    """Body fields go to the library as extra fields, so one named as its own argument would
+    set it (a longer deadline, headers to the upstream, another key's cache, a higher lane):
+    a 400 naming it, and nothing sent upstream."""
+    async with (
+        hostile(ANSWER) as up,
+        running(proxy_config(up.url), port=0) as run,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        r = await http.post(
+            run.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], **field},
+        )
+    assert r.status_code == 400, r.text
+    assert f"{next(iter(field))!r} is not a field of this API" in r.json()["error"]["message"]
+    assert up.requests == []

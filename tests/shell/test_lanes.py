@@ -1,0 +1,313 @@
+"""Priority lanes: when slots are full, the next free one goes to the highest-priority waiter,
+first come first served within a lane — in one process, and across processes on a real Redis."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import streamres
+from streamres._core.lanes import Line, check_priority, parse_priority
+from streamres._shell.limits import Slots
+from streamres.upstream import Upstream
+from tests.helpers.redis import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def _q(name: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Question {name}: explain TCP slow start."}]
+
+
+def _asked(up: Upstream) -> list[str]:
+    """The questions the upstream was sent, in the order it received them."""
+    return [str(r.body["messages"][-1]["content"]).split(":")[0] for r in up.requests]
+
+
+# -- the line itself ----------------------------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.integers(-3, 3), st.booleans()), max_size=40))
+def test_the_line_serves_by_priority_then_arrival(waiters: list[tuple[int, bool]]) -> None:
+    line: Line[int] = Line()
+    tickets = [line.push(i, prio) for i, (prio, _) in enumerate(waiters)]
+    for ticket, (_, leaves) in zip(tickets, waiters, strict=True):
+        if leaves:
+            assert line.remove(ticket)
+    served = []
+    while (t := line.pop()) is not None:
+        served.append(t.item)
+    stay = [(i, p) for i, (p, leaves) in enumerate(waiters) if not leaves]
+    assert served == [i for i, _ in sorted(stay, key=lambda ip: (-ip[1], ip[0]))]
+    assert len(line) == 0
+
+
+def test_a_served_waiter_cannot_be_removed() -> None:
+    line: Line[str] = Line()
+    ticket = line.push("a", 0)
+    assert line.pop() is ticket
+    assert not line.remove(ticket)
+
+
+def test_priorities_by_name_number_and_refusal() -> None:
+    assert [parse_priority(t) for t in ("high", " Low ", "normal", "7", "-3")] == [
+        10,
+        -10,
+        0,
+        7,
+        -3,
+    ]
+    assert check_priority("HIGH") == 10
+    for bad in (True, 1.5, "urgent", None):
+        with pytest.raises(ValueError, match="priority must be an integer"):
+            check_priority(bad)
+    with pytest.raises(ValueError, match="between -100 and 100"):
+        parse_priority("1000")
+
+
+# -- one process --------------------------------------------------------------------------
+
+
+async def test_a_freed_slot_goes_to_the_highest_waiter_and_a_cancelled_one_hands_it_on() -> None:
+    slots = Slots(1)
+    await slots.acquire(0)
+    order: list[str] = []
+
+    async def wait(name: str, prio: int) -> None:
+        await slots.acquire(prio)
+        order.append(name)
+        slots.release()
+
+    async with anyio.create_task_group() as tg:
+        for i, (name, prio) in enumerate(
+            (("low1", -10), ("low2", -10), ("high", 10), ("normal", 0))
+        ):
+            tg.start_soon(wait, name, prio)
+            with anyio.fail_after(5):  # in this order
+                while slots.waiting < i + 1:
+                    await anyio.lowlevel.checkpoint()
+        slots.release()
+    assert order == ["high", "normal", "low1", "low2"]
+    assert slots.free == 1
+
+    # A waiter served at the moment it is cancelled either takes the slot (and gives it back)
+    # or hands it to the next one: it is never lost.
+    await slots.acquire(0)
+    async with anyio.create_task_group() as tg:
+        scope = anyio.CancelScope()
+
+        async def cancelled() -> None:
+            with scope:
+                await slots.acquire(5)
+                slots.release()
+
+        tg.start_soon(cancelled)
+        tg.start_soon(wait, "next", 0)
+        with anyio.fail_after(5):
+            while slots.waiting < 2:
+                await anyio.lowlevel.checkpoint()
+        slots.release()  # served: the priority-5 waiter...
+        scope.cancel()  # ...cancelled before it runs
+    assert order[-1] == "next" and slots.free == 1 and slots.waiting == 0
+
+
+async def _hold_first_slot(client: streamres.Client, name: str) -> Any:
+    """Start an answer and stop reading after its first text: it keeps its slot."""
+    events = client.stream(_q(name), model="m")
+    async for ev in events:
+        if ev.type == "text":
+            return events
+    raise AssertionError("no text")
+
+
+async def _answer(client: streamres.Client, name: str, priority: int | str) -> None:
+    async with client.stream(_q(name), model="m", priority=priority) as events:
+        async for _ in events:
+            pass
+
+
+async def _when(condition: Any) -> None:
+    with anyio.fail_after(10):
+        while not condition():
+            await anyio.lowlevel.checkpoint()
+
+
+async def test_a_person_gets_the_slot_a_batch_is_waiting_for() -> None:
+    """One account slot, held by a batch answer; three more batch answers wait; a chat answer
+    (high) arrives last and is served next; the batch answers follow in arrival order. Without
+    lanes (everyone normal) the chat answer would come last."""
+    async with Upstream(words=12) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with streamres.Client([route], account_limits={"acct": 1}) as client:
+            limits = client._limits
+            assert limits is not None
+            held = await _hold_first_slot(client, "held")
+            async with anyio.create_task_group() as tg:
+                for i, name in enumerate(("batch1", "batch2", "batch3")):
+                    tg.start_soon(_answer, client, name, "low")
+                    await _when(lambda i=i: limits.waiting(route) == i + 1)
+                tg.start_soon(_answer, client, "chat", "high")
+                await _when(lambda: limits.waiting(route) == 4)
+                await held.aclose()
+    assert _asked(up) == ["Question held", "Question chat"] + [
+        f"Question batch{i}" for i in (1, 2, 3)
+    ]
+
+
+async def test_a_bad_priority_is_refused_before_any_request() -> None:
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client([route]) as client:
+            with pytest.raises(streamres.InvalidRequest, match="priority must be"):
+                client.stream(_q("x"), priority="urgent")
+        assert up.requests == []
+
+
+# -- across processes, on a real Redis ------------------------------------------------------
+
+BATCH = textwrap.dedent(
+    """
+    import sys, anyio, coredis, streamres
+    url, shared = sys.argv[1], sys.argv[2]
+    LINE = "streamres:slots:account:acct:line"
+    async def one(client, name):
+        q = [{"role": "user", "content": f"Question {name}: explain TCP slow start."}]
+        async for _ in client.stream(q, model="m", priority="low"):
+            pass
+    async def main():
+        route = streamres.Route("m", base_url=url, api_key="k", account="acct")
+        redis = coredis.Redis.from_url(shared)
+        async with redis, streamres.Client(
+            [route], account_limits={"acct": 1}, shared=shared
+        ) as c, anyio.create_task_group() as tg:
+            for i, name in enumerate(("batch1", "batch2", "batch3")):
+                tg.start_soon(one, c, name)
+                with anyio.fail_after(20):  # in the line before the next one comes
+                    while await redis.zcard(LINE) < i + 1:
+                        await anyio.sleep(0.02)
+    anyio.run(main)
+    """
+)
+
+
+async def test_lanes_hold_across_processes_sharing_redis(redis_server: RedisServer) -> None:
+    """A slot held in this process; another process queues three low-priority answers on the
+    shared line; a high-priority answer arriving here after them is served first, then the
+    batch in arrival order."""
+    import coredis
+
+    line = "streamres:slots:account:acct:line"
+    async with Upstream(words=12) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        redis = coredis.Redis.from_url(redis_server.url, decode_responses=True)
+        async with (
+            redis,
+            streamres.Client(
+                [route], account_limits={"acct": 1}, shared=redis_server.url
+            ) as client,
+        ):
+            held = await _hold_first_slot(client, "held")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    lambda: anyio.run_process(
+                        [sys.executable, "-c", BATCH, up.openai_url, redis_server.url],
+                        check=True,
+                        stderr=None,
+                    )
+                )
+                with anyio.fail_after(20):
+                    while await redis.zcard(line) < 3:  # noqa: ASYNC110 (another process's)
+                        await anyio.sleep(0.05)
+                tg.start_soon(_answer, client, "chat", "high")
+                with anyio.fail_after(20):
+                    while await redis.zcard(line) < 4:  # noqa: ASYNC110 (in Redis)
+                        await anyio.sleep(0.05)
+                await held.aclose()
+            assert await redis.zcard(line) == 0
+    assert _asked(up) == ["Question held", "Question chat"] + [
+        f"Question batch{i}" for i in (1, 2, 3)
+    ]
+
+
+# -- through the proxy: a lane per client key, lowered by a header ---------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio
+async def test_the_proxy_serves_client_keys_by_their_lane() -> None:
+    """Client keys with lanes (routes.toml ``priority``): the chat key's answer takes the slot
+    the batch key's answers wait for; the chat key asking ``x-streamres-priority: low`` waits
+    behind them; a batch key asking ``high`` stays in its lane; a bad header is a 400."""
+    from streamres.proxy import running
+    from streamres.proxy.config import parse
+    from streamres.upstream import FaultPlan
+
+    # The first answer stalls (keep-alives only) until its client goes: it holds the slot.
+    async with Upstream(words=12, faults=FaultPlan("stall@3"), ping_interval=0.05) as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url, "account": "a"}],
+            "accounts": {"a": 1},
+            "policy": {"stall_timeout": 60},
+            "clients": [
+                {"name": "ui", "key_env": "UI", "priority": "high"},
+                {"name": "batch", "key_env": "BATCH", "priority": "low"},
+            ],
+        }
+        config = parse(raw, {"UI": "ui-key", "BATCH": "batch-key"})
+        async with running(config, port=0) as run, httpx_client() as http:
+            limits = run.proxy.client._limits
+            route = config.routes[0]
+            assert limits is not None
+
+            async def ask(name: str, key: str, lane: str | None = None) -> None:
+                headers = {"authorization": f"Bearer {key}"}
+                if lane is not None:
+                    headers["x-streamres-priority"] = lane
+                body = {"model": "m", "messages": _q(name)}
+                r = await http.post(run.url + "/v1/chat/completions", headers=headers, json=body)
+                assert r.status_code == 200, r.text
+
+            body = {"model": "m", "messages": _q("held"), "stream": True}
+            async with http.stream(
+                "POST",
+                run.url + "/v1/chat/completions",
+                headers={"authorization": "Bearer batch-key"},
+                json=body,
+            ) as held:
+                chunks = held.aiter_bytes()  # kept: a dropped iterator closes the response
+                await chunks.__anext__()  # streaming, then stalled: it holds the slot
+                async with anyio.create_task_group() as tg:
+                    order = [
+                        ("batch1", "batch-key", None),
+                        ("batch2", "batch-key", "high"),  # never above its key's lane
+                        ("polite", "ui-key", "low"),
+                        ("chat", "ui-key", None),
+                    ]
+                    for i, (name, key, lane) in enumerate(order):
+                        tg.start_soon(ask, name, key, lane)
+                        await _when(lambda i=i: limits.waiting(route) == i + 1)
+                    await held.aclose()
+            bad = await http.post(
+                run.url + "/v1/chat/completions",
+                headers={"authorization": "Bearer ui-key", "x-streamres-priority": "urgent"},
+                json={"model": "m", "messages": _q("bad")},
+            )
+            assert bad.status_code == 400 and "priority" in bad.json()["error"]["message"]
+    assert _asked(up) == [
+        "Question held",
+        "Question chat",
+        "Question batch1",
+        "Question batch2",
+        "Question polite",
+    ]
+
+
+def httpx_client() -> Any:
+    import httpx
+
+    return httpx.AsyncClient(timeout=30)

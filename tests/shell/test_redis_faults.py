@@ -1,0 +1,235 @@
+"""An account limit held by three processes through Redis's faults: killed and restarted
+empty, paused (SIGSTOP), emptied (FLUSHALL) and full (``maxmemory`` with ``noeviction``) —
+against a real ``redis-server`` and an upstream that counts what it serves at once.
+
+Each worker keeps more streams going than its share, so the limit is what holds them back.
+Once a fault has begun and the answers running then have ended (``SETTLE``), the fleet keeps
+to the processes' shares (the limit divided by the three each last saw: here the limit
+itself); after it ends, to the limit within ``RECOVERY`` — the time the README gives: one
+answer's length and the rejoin's few seconds. Emptied, it never goes past the limit at all.
+Every answer is exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from streamres.upstream import Upstream
+from tests.helpers.redis import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+LIMIT, WORKERS, EACH = 6, 3, 4  # 12 streams wanted at once, 6 allowed
+WORDS, DELAY = 40, 0.02  # answers of about a second
+#: After a fault begins: the processes see it (their next call fails, within a second) and
+#: the answers running when it began end (about a second).
+SETTLE = 2.0
+#: After a fault ends: an answer's length for what was let through to end, and the rejoin's
+#: check (each second) and the lost-data grace (1.5 s).
+RECOVERY = 5.0
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys, anyio, streamres
+    url, shared, each, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    Q = [{"role": "user", "content": "Explain TCP slow start."}]
+    async def main():
+        route = streamres.Route("m", base_url=url, api_key="k", account="acct")
+        texts, errors = [], []
+        async with streamres.Client(
+            [route], account_limits={"acct": limit}, shared=shared, deadline=60,
+            backoff=streamres.Backoff(initial=0.05, maximum=0.5),
+        ) as client:
+            stop = anyio.Event()
+            async def one():
+                while not stop.is_set():
+                    text = ""
+                    try:
+                        async for ev in client.stream(Q, model="m"):
+                            if ev.type == "text":
+                                text += ev.text
+                    except streamres.StreamError as exc:
+                        errors.append(repr(exc))
+                    texts.append(text)
+            async def until_told():
+                await anyio.to_thread.run_sync(sys.stdin.readline)
+                stop.set()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(until_told)
+                for _ in range(each):
+                    tg.start_soon(one)
+        print(json.dumps({"texts": texts, "errors": errors}))
+    anyio.run(main)
+    """
+)
+
+
+@asynccontextmanager
+async def _workers(url: str, shared: str) -> AsyncIterator[list[dict[str, Any]]]:
+    """Three worker processes streaming until the block ends; then their answers."""
+    results: list[dict[str, Any]] = []
+    procs = [
+        await anyio.open_process(
+            [sys.executable, "-c", WORKER, url, shared, str(EACH), str(LIMIT)],
+            stderr=None,
+        )
+        for _ in range(WORKERS)
+    ]
+    try:
+        yield results
+    finally:
+        for proc in procs:
+            assert proc.stdin is not None
+            await proc.stdin.send(b"stop\n")
+
+        async def collect(proc: Any) -> None:
+            assert proc.stdout is not None
+            out = b""
+            async for chunk in proc.stdout:
+                out += chunk
+            await proc.wait()
+            results.append(json.loads(out))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for proc in procs:
+                    tg.start_soon(collect, proc)
+
+
+async def _redis(url: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
+    import coredis
+
+    client = coredis.Redis.from_url(url, decode_responses=True)
+    async with client:
+        return await call(client)
+
+
+async def _all_seen(url: str) -> None:
+    """Until every worker has seen the other two: each has sent its figures (the metrics
+    sync, once a second, scored by when they lapse) since the last of them first did."""
+
+    async def scores() -> list[float]:
+        got = await _redis(
+            url, lambda r: r.zrange("streamres:metrics:procs", 0, -1, withscores=True)
+        )
+        return [float(m.score) for m in got]
+
+    with anyio.fail_after(30):
+        while len(first := await scores()) < WORKERS:  # noqa: ASYNC110 (Redis's state, not ours)
+            await anyio.sleep(0.1)
+        while min(await scores()) <= max(first):  # noqa: ASYNC110 (Redis's state, not ours)
+            await anyio.sleep(0.1)
+
+
+async def _window(up: Upstream, seconds: float) -> int:
+    """The most streams the upstream served at once over the next ``seconds``."""
+    up.reset_peak()
+    await anyio.sleep(seconds)
+    return up.peak_in_flight()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the workers are processes of their own
+async def test_an_account_limit_holds_through_every_redis_fault(
+    redis_server: RedisServer,
+) -> None:
+    url = redis_server.url
+    peaks: dict[str, int] = {}
+    async with Upstream(token_delay=DELAY, words=WORDS) as up:
+        async with _workers(up.openai_url, url) as results:
+            await _all_seen(url)
+            peaks["steady"] = await _window(up, 2.0)
+
+            # Killed, and back without its data.
+            redis_server.stop()
+            await anyio.sleep(SETTLE)
+            peaks["killed"] = await _window(up, 2.0)
+            redis_server.start()
+            await anyio.sleep(RECOVERY)
+            peaks["after restart"] = await _window(up, 2.0)
+
+            # Paused: every call times out; then back with its data (and its late replies).
+            assert redis_server.proc is not None
+            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            try:
+                await anyio.sleep(SETTLE)
+                peaks["paused"] = await _window(up, 2.0)
+            finally:
+                os.kill(redis_server.proc.pid, signal.SIGCONT)
+            await anyio.sleep(RECOVERY)
+            peaks["after pause"] = await _window(up, 2.0)
+
+            # Emptied under the fleet's feet: no connection lost, every lease gone.
+            await _redis(url, lambda r: r.flushall())
+            peaks["flushed"] = await _window(up, RECOVERY)
+            peaks["after flush"] = await _window(up, 2.0)
+
+            # Full: writes refused, pings answered.
+            await _redis(url, lambda r: r.set("ballast", "x" * 2_000_000))
+            await _redis(
+                url, lambda r: r.config_set({"maxmemory": "1mb", "maxmemory-policy": "noeviction"})
+            )
+            await anyio.sleep(SETTLE)
+            peaks["full"] = await _window(up, 2.0)
+            await _redis(url, lambda r: r.delete(["ballast"]))
+            await _redis(url, lambda r: r.config_set({"maxmemory": "0"}))
+            await anyio.sleep(RECOVERY)
+            peaks["after full"] = await _window(up, 2.0)
+        answer = up.answer([{"role": "user", "content": "Explain TCP slow start."}], words=WORDS)
+    texts = [t for r in results for t in r["texts"]]
+    errors = [e for r in results for e in r["errors"]]
+    assert not errors, errors[:3]
+    assert len(texts) > 60 and all(t == answer for t in texts)
+    share = WORKERS * max(1, LIMIT // WORKERS)
+    assert peaks["steady"] == LIMIT, peaks  # the limit is what holds them back
+    for phase in ("killed", "paused", "full"):
+        assert peaks[phase] <= share, (phase, peaks)
+    assert peaks["flushed"] <= LIMIT, peaks
+    for phase in ("after restart", "after pause", "after flush", "after full"):
+        # At the limit and not under it: no lease left behind (a late reply, a lost release)
+        # holds a slot that no answer uses.
+        assert peaks[phase] == LIMIT, (phase, peaks)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_killed_process_s_slots_are_free_within_a_lease(
+    redis_server: RedisServer,
+) -> None:
+    """A worker holding both slots of an account is killed (SIGKILL: no release); another
+    process waits for a slot and gets one when the dead worker's leases lapse — within one
+    lease (10 s; it was 30 s), not at the end of the answers it was streaming."""
+    import streamres
+    from streamres._shell.shared import LEASE
+
+    async with Upstream(token_delay=0.05, words=2000) as up:  # answers of 100 s
+        worker = await anyio.open_process(
+            [sys.executable, "-c", WORKER, up.openai_url, redis_server.url, "2", "2"]
+        )
+        try:
+            with anyio.fail_after(30):
+                while up.in_flight() < 2:  # noqa: ASYNC110 (the upstream's count)
+                    await anyio.sleep(0.05)
+        finally:
+            worker.kill()
+            await worker.wait()
+        killed = anyio.current_time()
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        async with streamres.Client(
+            [route], account_limits={"acct": 2}, shared=redis_server.url
+        ) as client:
+            with anyio.fail_after(LEASE + 10):
+                async for ev in client.stream(
+                    [{"role": "user", "content": "Explain TCP slow start."}], model="m"
+                ):
+                    if ev.type == "text":
+                        break
+        waited = anyio.current_time() - killed
+    assert 1 < waited <= LEASE + 2, waited  # it did wait: no release came
