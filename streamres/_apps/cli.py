@@ -321,7 +321,8 @@ def _proxy(argv: list[str], verbose: bool = False) -> int:
         return 130
     except OSError as exc:
         print(
-            f"streamres proxy: cannot listen on {args.host}:{args.port} — {exc.strerror or exc}",
+            f"streamres proxy: cannot listen on {args.host}:{args.port} — {exc.strerror or exc}"
+            " (is another server running there? pick another --port)",
             file=sys.stderr,
         )
         return 2

@@ -221,170 +221,29 @@ async def run_batch(
         for j in jobs
         if not before.get(j.id, {}).get("ok")
     ]
-    aliases = dict(models or {})
     run = _Run(
         pace=Pace(concurrency or _default_concurrency(client)),
         total=len(jobs),
         skipped=len(jobs) - len(todo),
         started=anyio.current_time(),
     )
-
-    def progress(last: Mapping[str, Any] | None = None) -> None:
-        if on_progress is not None:
-            on_progress(
-                BatchProgress(
-                    total=run.total,
-                    done=run.done,
-                    failed=run.failed,
-                    skipped=run.skipped,
-                    in_flight=run.in_flight,
-                    waiting=run.total - run.skipped - run.done - run.failed - run.in_flight,
-                    tokens=run.tokens,
-                    elapsed=anyio.current_time() - run.started,
-                    paused=run.paused,
-                    last=last,
-                )
-            )
-
     try:
         sink = await anyio.open_file(out, "a", encoding="utf-8")
     except OSError as exc:
         raise InvalidRequest(
             f"cannot write the results {out!r}: {exc.strerror or exc}", reason="invalid"
         ) from None
+    batch = _Batch(client, run, sink, dict(models or {}), lane, deadline, on_progress)
     async with sink:
         if torn:  # the last run died mid-line: that line is not a record, start a new one
             await sink.write("\n")
-
-        async def write(job: Job, result: dict[str, Any]) -> None:
-            # One write of the whole line, flushed: a crash leaves whole lines, or a torn
-            # last one that the next run sees as such.
-            with anyio.CancelScope(shield=True):
-                await sink.write(record(job, result))
-                await sink.flush()
-            progress({"id": job.id, **result})
-
-        async def answer(job: Job) -> None:
-            capacity = 0
-            try:
-                try:
-                    name = job.model
-                    chosen: Any = list(aliases[name]) if name in aliases else name
-                    params = dict(job.params)  # a line may set its own lane and deadline
-                    try:
-                        stream = client.stream(
-                            job.messages,
-                            model=chosen,
-                            priority=params.pop("priority", lane),
-                            deadline=params.pop("deadline", deadline),
-                            **params,
-                        )
-                    except TypeError as exc:  # a field that is one of stream()'s own
-                        raise InvalidRequest(
-                            f"line {job.line}: {exc}".replace("stream() ", ""), reason="invalid"
-                        ) from None
-                    done: DoneEvent | None = None
-                    async with stream:
-                        async for ev in stream:
-                            if ev.type in ("retry", "resume", "fallback"):
-                                run.retries += ev.type == "retry"
-                                run.resumes += ev.type == "resume"
-                                run.fallbacks += ev.type == "fallback"
-                                capacity += ev.reason in _CAPACITY
-                            elif ev.type == "done":
-                                done = ev
-                except InvalidRequest as exc:
-                    run.failed += 1
-                    run.failures.append((job.id, job.line, str(exc)))
-                    await write(job, {"ok": False, "error": "InvalidRequest", "message": str(exc)})
-                    return
-                except StreamError as exc:
-                    run.failed += 1
-                    run.attempts += exc.attempts
-                    run.failures.append((job.id, job.line, str(exc)))
-                    await write(
-                        job,
-                        {
-                            "ok": False,
-                            "error": type(exc).__name__,
-                            "message": str(exc),
-                            "partial_text": exc.partial_text,
-                            "attempts": exc.attempts,
-                        },
-                    )
-                    return
-                assert done is not None
-                usage = done.usage
-                run.done += 1
-                run.attempts += done.attempts
-                run.tokens += usage.output_tokens or 0
-                run.input_tokens += usage.input_tokens or 0
-                run.output_tokens += usage.output_tokens or 0
-                await write(
-                    job,
-                    {
-                        "ok": True,
-                        "text": done.text,
-                        "tool_calls": [
-                            {"id": c.id, "name": c.name, "arguments": c.arguments}
-                            for c in done.tool_calls
-                        ],
-                        "finish_reason": done.finish_reason,
-                        "complete": done.complete,
-                        "model": done.model,
-                        "attempts": done.attempts,
-                        "resumes": done.resumes,
-                        "usage": {
-                            "input_tokens": usage.input_tokens,
-                            "output_tokens": usage.output_tokens,
-                            "delivered_tokens": usage.delivered_tokens,
-                        },
-                    },
-                )
-            finally:
-                run.in_flight -= 1
-                run.pace.answered(capacity)
-                run.wake()
-
-        async def gate(job: Job) -> None:
-            """Wait until this job may start: a place in the pace, the window, health."""
-            names = _chain(client, job, aliases)
-            while True:
-                reason = ""
-                if hours is not None:
-                    local = time.localtime(clock())
-                    minutes = hours.wait(local.tm_hour * 60 + local.tm_min + local.tm_sec / 60)
-                    if minutes:
-                        reason = f"outside the window (opens in {minutes:.0f} min)"
-                jammed, degrading = ("", False)
-                if not reason and when == "healthy":
-                    jammed, degrading = _health_gate(client, names)
-                # Every model it may use jammed: one answer at a time (the probe that finds
-                # out when health returns), never a stream of them into the jam; one of them
-                # degrading (the early warning): half the pace, before it jams.
-                room = 1 if jammed else run.pace.allowed
-                if degrading and not jammed:
-                    room = max(1, room // 2)
-                if not reason and run.in_flight < room:
-                    if run.paused != jammed:
-                        run.paused = jammed
-                        progress()
-                    return
-                reason = reason or jammed
-                if reason != run.paused:
-                    run.paused = reason
-                    progress()
-                waiter = run.changed
-                with anyio.move_on_after(_RECHECK if reason else 60.0):
-                    await waiter.wait()
-
-        progress()
+        batch.progress()
         async with anyio.create_task_group() as tg:
             for job in todo:
-                await gate(job)
+                await batch.gate(job, hours, when, clock)
                 run.in_flight += 1
-                tg.start_soon(answer, job)
-                progress()
+                tg.start_soon(batch.answer, job)
+                batch.progress()
     return BatchSummary(
         total=run.total,
         answered=run.done,
@@ -400,6 +259,176 @@ async def run_batch(
         bad_lines=tuple(bad),
         failures=tuple(_in_line_order(run.failures, bad)),
     )
+
+
+class _Batch:
+    """One run's steps: wait for a job's turn, answer it, write its line, tell the progress."""
+
+    def __init__(
+        self,
+        client: Client,
+        run: _Run,
+        sink: anyio.AsyncFile[str],
+        aliases: dict[str, Sequence[str]],
+        lane: int,
+        deadline: float | None,
+        on_progress: Callable[[BatchProgress], None] | None,
+    ) -> None:
+        self.client, self.run, self.sink, self.aliases = client, run, sink, aliases
+        self.lane, self.deadline, self.on_progress = lane, deadline, on_progress
+
+    def progress(self, last: Mapping[str, Any] | None = None) -> None:
+        """Tell ``on_progress`` where the batch stands (the counts agree with one another:
+        an answer leaves ``in_flight`` as it is counted done or failed)."""
+        if self.on_progress is None:
+            return
+        run = self.run
+        self.on_progress(
+            BatchProgress(
+                total=run.total,
+                done=run.done,
+                failed=run.failed,
+                skipped=run.skipped,
+                in_flight=run.in_flight,
+                waiting=run.total - run.skipped - run.done - run.failed - run.in_flight,
+                tokens=run.tokens,
+                elapsed=anyio.current_time() - run.started,
+                paused=run.paused,
+                last=last,
+            )
+        )
+
+    async def write(self, job: Job, result: dict[str, Any]) -> None:
+        """One write of the whole line, flushed: a crash leaves whole lines, or a torn last
+        one that the next run sees as such."""
+        with anyio.CancelScope(shield=True):
+            await self.sink.write(record(job, result))
+            await self.sink.flush()
+        self.progress({"id": job.id, **result})
+
+    async def answer(self, job: Job) -> None:
+        """Answer ``job``, count it, write its line."""
+        run, capacity = self.run, [0]
+        try:
+            result = await self._ask(job, capacity)
+        finally:
+            run.in_flight -= 1  # counted done or failed in the same step: never both, never -1
+            run.pace.answered(capacity[0])
+            run.wake()
+        await self.write(job, result)
+
+    async def _ask(self, job: Job, capacity: list[int]) -> dict[str, Any]:
+        """Stream ``job``'s answer; its result line, the run's counts updated."""
+        run = self.run
+        try:
+            done = await self._stream(job, capacity)
+        except InvalidRequest as exc:
+            run.failed += 1
+            run.failures.append((job.id, job.line, str(exc)))
+            return {"ok": False, "error": "InvalidRequest", "message": str(exc)}
+        except StreamError as exc:
+            run.failed += 1
+            run.attempts += exc.attempts
+            run.failures.append((job.id, job.line, str(exc)))
+            return {
+                "ok": False,
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "partial_text": exc.partial_text,
+                "attempts": exc.attempts,
+            }
+        usage = done.usage
+        run.done += 1
+        run.attempts += done.attempts
+        run.tokens += usage.output_tokens or 0
+        run.input_tokens += usage.input_tokens or 0
+        run.output_tokens += usage.output_tokens or 0
+        return {
+            "ok": True,
+            "text": done.text,
+            "tool_calls": [
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in done.tool_calls
+            ],
+            "finish_reason": done.finish_reason,
+            "complete": done.complete,
+            "model": done.model,
+            "attempts": done.attempts,
+            "resumes": done.resumes,
+            "usage": {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "delivered_tokens": usage.delivered_tokens,
+            },
+        }
+
+    async def _stream(self, job: Job, capacity: list[int]) -> DoneEvent:
+        """The done event of ``job``'s stream; retries, resumes and fallbacks counted."""
+        run, name = self.run, job.model
+        chosen: Any = list(self.aliases[name]) if name in self.aliases else name
+        params = dict(job.params)  # a line may set its own lane and deadline
+        try:
+            stream = self.client.stream(
+                job.messages,
+                model=chosen,
+                priority=params.pop("priority", self.lane),
+                deadline=params.pop("deadline", self.deadline),
+                **params,
+            )
+        except TypeError as exc:  # a field that is one of stream()'s own
+            raise InvalidRequest(
+                f"line {job.line}: {exc}".replace("stream() ", ""), reason="invalid"
+            ) from None
+        done: DoneEvent | None = None
+        async with stream:
+            async for ev in stream:
+                if ev.type in ("retry", "resume", "fallback"):
+                    run.retries += ev.type == "retry"
+                    run.resumes += ev.type == "resume"
+                    run.fallbacks += ev.type == "fallback"
+                    capacity[0] += ev.reason in _CAPACITY
+                elif ev.type == "done":
+                    done = ev
+        assert done is not None
+        return done
+
+    async def gate(
+        self,
+        job: Job,
+        hours: Window | None,
+        when: Literal["healthy", "always"],
+        clock: Callable[[], float],
+    ) -> None:
+        """Wait until this job may start: a place in the pace, the window, health."""
+        run = self.run
+        names = _chain(self.client, job, self.aliases)
+        while True:
+            reason = ""
+            if hours is not None:
+                local = time.localtime(clock())
+                minutes = hours.wait(local.tm_hour * 60 + local.tm_min + local.tm_sec / 60)
+                if minutes:
+                    reason = f"outside the window (opens in {minutes:.0f} min)"
+            jammed, degrading = ("", False)
+            if not reason and when == "healthy":
+                jammed, degrading = _health_gate(self.client, names)
+            # Every model it may use jammed: one answer at a time (the probe that finds out
+            # when health returns), never a stream of them into the jam; one of them degrading
+            # (the early warning): half the pace, before it jams.
+            room = 1 if jammed else run.pace.allowed
+            if degrading and not jammed:
+                room = max(1, room // 2)
+            if not reason and run.in_flight < room:
+                if run.paused != jammed:
+                    run.paused = jammed
+                    self.progress()
+                return
+            reason = reason or jammed
+            if reason != run.paused:
+                run.paused = reason
+                self.progress()
+            waiter = run.changed
+            with anyio.move_on_after(_RECHECK if reason else 60.0):
+                await waiter.wait()
 
 
 def _in_line_order(

@@ -1,5 +1,5 @@
 """Where streamres' events go: structlog when the application configured it, else the standard
-library's ``logging`` (silent below WARNING by default), never straight to stdout.
+library's ``logging`` (silent until the application configures it), never to stdout.
 
 structlog, unconfigured, prints every event to stdout — into the very terminal or pipe a chat
 UI writes its answer to. A library must not configure logging for its application, so instead
@@ -20,6 +20,10 @@ from streamres._core.redact import Redactor
 __all__ = ["log", "mask_http_logs"]
 
 _std = logging.getLogger("streamres")
+# The library convention: an application that configured no logging sees nothing of the
+# library's (without a handler, Python's last resort would print WARNING records on stderr,
+# beside the exception the caller already gets). One that configured logging gets them all.
+_std.addHandler(logging.NullHandler())
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 

@@ -60,9 +60,10 @@ upstream (two models of one family under its fault storm), so the demo runs offl
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,14 +186,39 @@ _ROUTE_KEYS = {
     "continuation",
 }
 
+#: The tables of ``routes.toml`` and the keys of each (``routes`` is checked per route).
+_TABLES = ("policy", "routes", "models", "accounts", "cache", "server", "clients", "operator")
+_POLICY_KEYS = (
+    "deadline",
+    "stall_timeout",
+    "breaker_threshold",
+    "breaker_recovery",
+    "max_answer_chars",
+)
+_CLIENT_KEYS = ("name", "key_env", "max_in_flight", "requests_per_minute", "priority")
+_OPERATOR_KEYS = ("key_env", "public_health")
+
+
+def _known(where: str, raw: Any, known: Iterable[str], what: str = "key") -> None:
+    """Refuse a key (or a table) the file names that is not one of ``known``: a misspelt one
+    would be ignored and what the user set lost."""
+    if not isinstance(raw, Mapping):
+        return
+    names = list(known)
+    for given in raw:
+        if given not in names:
+            near = difflib.get_close_matches(str(given), names, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(
+                f"{where}known {what}s are {', '.join(names)}; {given!r} is not one{hint}"
+            )
+
 
 def _route(i: int, raw: Any, environ: Mapping[str, str]) -> streamres.Route:
     where = f"routes[{i}]"
+    _known(f"{where}: ", raw, sorted(_ROUTE_KEYS))
     if not isinstance(raw, Mapping) or not isinstance(raw.get("model"), str):
         raise ConfigError(f'{where}: a route needs model = "…"')
-    unknown = set(raw) - _ROUTE_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(_ROUTE_KEYS)}")
     key = None
     if "api_key_env" in raw:
         key = environ.get(str(raw["api_key_env"]))
@@ -219,6 +245,12 @@ def load(path: str, environ: Mapping[str, str] | None = None) -> Config:
 
 
 def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
+    _known("", raw, _TABLES, "table")
+    _known("[policy]: ", raw.get("policy"), _POLICY_KEYS)
+    _known("[operator]: ", raw.get("operator"), _OPERATOR_KEYS)
+    _known("[server]: ", raw.get("server"), [f.name for f in dataclasses.fields(ServerLimits)])
+    for i, c in enumerate(raw.get("clients") or []):
+        _known(f"clients[{i}]: ", c, _CLIENT_KEYS)
     routes = [_route(i, r, environ) for i, r in enumerate(raw.get("routes") or [])]
     if not routes:
         raise ConfigError("no [[routes]]: the proxy needs at least one model to send answers to")
@@ -292,9 +324,8 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     if not isinstance(public, bool):
         raise ConfigError("[operator]: public_health = true or false")
     server = raw.get("server") or {}
-    known = {f.name for f in dataclasses.fields(ServerLimits)}
-    if not isinstance(server, Mapping) or set(server) - known:
-        raise ConfigError(f"[server]: known keys {sorted(known)}")
+    if not isinstance(server, Mapping):
+        raise ConfigError("[server]: a table of limits (see the README)")
     try:
         limits = ServerLimits(**server)
     except ValueError as exc:

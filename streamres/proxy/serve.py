@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import gc
 import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -205,6 +206,20 @@ def _open_files(limits: ServerLimits) -> ServerLimits:
     return dataclasses.replace(limits, connections=fits)
 
 
+def _listening(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (the server listens on it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 @dataclass
 class Running:
     url: str
@@ -280,6 +295,9 @@ class _Uvicorn:
                 **_server_settings(limits),
             )
         )
+        # Bound here, before anything serves: a port in use is an OSError the caller words
+        # in one line (uvicorn, binding it itself, logs its own and ends the process with 3).
+        self.socket = _listening(host, port)
 
     @property
     def should_exit(self) -> bool:
@@ -290,7 +308,7 @@ class _Uvicorn:
         self.server.should_exit = value
 
     async def serve(self) -> None:
-        await self.server.serve()
+        await self.server.serve(sockets=[self.socket])
 
     async def started(self) -> int:
         while not self.server.started:

@@ -25,6 +25,7 @@ seeded random draw for a sustained storm. Faults are written compactly, comma-se
 
 from __future__ import annotations
 
+import difflib
 import random
 from collections import deque
 from collections.abc import Iterable
@@ -109,9 +110,12 @@ def _parse_one(item: str) -> list[Fault]:
     elif kind in ("at-capacity", "empty", "bomb", "ok", *_MIDSTREAM):
         fault = Fault(kind=kind, after=int(after) if after else 0)  # type: ignore[arg-type]
     else:
+        known = [*PRESETS, "at-capacity", "empty", "bomb", "ok", *_MIDSTREAM]
+        near = difflib.get_close_matches(kind, known, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise ValueError(
-            f"unknown fault {item!r}: use a status (429), at-capacity, empty, bomb, ok, or "
-            f"one of {', '.join(_MIDSTREAM)} with @TOKENS"
+            f"unknown fault {item!r}{hint}: use a preset ({', '.join(PRESETS)}), a status "
+            f"(429), at-capacity, empty, bomb, ok, or one of {', '.join(_MIDSTREAM)} with @TOKENS"
         )
     for opt in filter(None, (o.strip() for o in opts.replace(";", ",").split(","))):
         key, _, value = opt.partition("=")

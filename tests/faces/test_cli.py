@@ -96,6 +96,27 @@ def test_serve_on_a_busy_port_is_one_line() -> None:
     assert len(got.stderr.strip().splitlines()) == 1 and "Traceback" not in got.stderr
 
 
+def test_proxy_on_a_busy_port_is_one_line() -> None:
+    """`proxy` on a port that is taken: exit 2 and one line saying so, as `serve` does (not
+    the ASGI server's own error line and exit 3)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        got = run("proxy", "--port", str(taken.getsockname()[1]))
+    assert got.returncode == 2, got.stderr
+    assert "streamres proxy: cannot listen on 127.0.0.1" in got.stderr
+    assert "another --port" in got.stderr and "Errno" not in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("strom", "storm"), ("resett@40", "reset")])
+def test_a_misspelt_fault_plan_gets_a_suggestion(typo: str, meant: str) -> None:
+    """A fault plan one letter off names the plan that was meant."""
+    got = run("ask", "q", "--faults", typo)
+    assert got.returncode == 2
+    assert f"did you mean {meant!r}?" in got.stderr
+
+
 def test_ask_reads_a_long_question_from_stdin_and_from_a_file(tmp_path: Path) -> None:
     """`ask -` reads standard input; `ask --file` a file: the same answer as the argument."""
     question = "Explain TCP slow start. " * 200

@@ -281,3 +281,29 @@ async def test_an_ollama_style_404_keeps_its_own_words() -> None:
         err = await _error(streamres.stream_resilient(USER, model="llama9", base_url=srv.url))
     assert isinstance(err, streamres.RequestRejected)
     assert "not found, try pulling it first" in str(err) and "not what an LLM API" not in str(err)
+
+
+def test_the_library_prints_nothing_when_the_application_configured_no_logging() -> None:
+    """A failed answer in a program that set up no logging: the exception says it all, and
+    nothing appears on stderr beside it (the library convention: a NullHandler of its own)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import anyio, streamres\n"
+        "async def main():\n"
+        "    try:\n"
+        "        async for _ in streamres.stream_resilient(\n"
+        "                [{'role': 'user', 'content': 'hi'}], model='m', api_key='k',\n"
+        "                base_url='http://127.0.0.1:9/v1', max_attempts=1):\n"
+        "            pass\n"
+        "    except streamres.StreamError as exc:\n"
+        "        print(type(exc).__name__)\n"
+        "anyio.run(main)\n"
+    )
+    got = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() in ("UpstreamUnreachable", "AttemptsExhausted", "DeadlineExceeded")
+    assert got.stderr == ""

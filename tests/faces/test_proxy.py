@@ -432,6 +432,44 @@ async def test_streams_in_flight_finish_when_the_server_stops() -> None:
         assert text == _upstream_answer(run.upstream)
 
 
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"polcy": {"deadline": 30}}, "'polcy' is not one (did you mean 'policy'?)"),
+        ({"policy": {"deadlin": 30}}, "[policy]: known keys are deadline"),
+        ({"routes": [{"modle": "m"}]}, "routes[0]: known keys are"),
+        ({"routes": [{"modle": "m"}]}, "'modle' is not one (did you mean 'model'?)"),
+        ({"clients": [{"key_envv": "K"}]}, "clients[0]: known keys are"),
+        ({"operator": {"public": True}}, "did you mean 'public_health'?"),
+    ],
+)
+async def test_a_misspelt_table_or_key_is_refused_with_the_one_meant(
+    raw: dict[str, Any], words: str
+) -> None:
+    """A table or key the file misspells is refused, naming the one meant: ignored, what the
+    user set (a deadline, a model) would be lost without a word."""
+    whole = {"routes": [{"model": "m", "base_url": "http://127.0.0.1:1/v1"}], **raw}
+    with pytest.raises(ConfigError) as info:
+        parse(whole, {})
+    assert words in str(info.value)
+
+
+async def test_the_sample_routes_file_serves_in_front_of_the_embedded_upstream(
+    tmp_path: Path,
+) -> None:
+    """``demos/routes.toml`` as the README uses it, in front of ``streamres serve`` (on this
+    test's port): its alias is a chain of two routes, and the SDK gets the exact answer."""
+    sample = Path(__file__).resolve().parents[2] / "demos" / "routes.toml"
+    async with Upstream(faults="529") as up:
+        path = tmp_path / "routes.toml"
+        path.write_text(sample.read_text("utf-8").replace("http://127.0.0.1:8765/v1", up.openai_url))
+        config = streamres.proxy.load(str(path))
+        assert config.models["chat"] == ["large", "small"] and config.deadline == 120
+        async with running(config, port=0) as run:
+            text, _ = await _openai_text(run.url, model="chat")
+        assert text == _upstream_answer(up)
+
+
 async def test_a_bad_config_is_one_clear_line() -> None:
     """Missing key variables and unknown route names are named, with what to do."""
     with pytest.raises(ConfigError, match="environment variable NOPE is empty"):

@@ -143,6 +143,28 @@ async def test_a_batch_answers_every_line_and_a_second_run_sends_nothing(tmp_pat
     assert sent == 13 and len(up.requests) == 13
 
 
+async def test_every_progress_report_adds_up(tmp_path: Path) -> None:
+    """Each report's counts agree with one another: done, failed, in flight, waiting and skipped
+    make the total, none is negative, and the report that carries an answer no longer counts
+    it in flight (the last one: nothing in flight, nothing waiting)."""
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text("\n".join([*_lines(9), json.dumps({"id": "bad", "prompt": "x", "n": 2})]))
+    seen: list[streamres.BatchProgress] = []
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client([route]) as client:
+            await streamres.run_batch(
+                client, requests, results, concurrency=3, on_progress=seen.append
+            )
+    for p in seen:
+        counts = (p.done, p.failed, p.in_flight, p.waiting, p.skipped)
+        assert min(counts) >= 0 and sum(counts) == p.total, p
+    answers = [p for p in seen if p.last is not None]
+    assert len(answers) == 10
+    assert (answers[-1].done, answers[-1].failed) == (9, 1)
+    assert (answers[-1].in_flight, answers[-1].waiting) == (0, 0)
+
+
 async def test_an_interrupted_batch_finishes_exactly_the_missing_ids(tmp_path: Path) -> None:
     """Stopped after five answers (as Ctrl-C would), then run again: every id answered once,
     and the records are those of an uninterrupted run, line for line (sorted by id)."""
