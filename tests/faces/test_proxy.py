@@ -26,6 +26,7 @@ from streamres.upstream import FaultPlan, ModelSpec, Upstream, split_tokens
 
 pytestmark = pytest.mark.anyio
 Q = [{"role": "user", "content": "Explain TCP slow start."}]
+SAMPLE_ROUTES = (Path(__file__).resolve().parents[2] / "demos" / "routes.toml").read_text("utf-8")
 WRITE = {
     "type": "function",
     "function": {
@@ -459,10 +460,9 @@ async def test_the_sample_routes_file_serves_in_front_of_the_embedded_upstream(
 ) -> None:
     """``demos/routes.toml`` as the README uses it, in front of ``streamres serve`` (on this
     test's port): its alias is a chain of two routes, and the SDK gets the exact answer."""
-    sample = Path(__file__).resolve().parents[2] / "demos" / "routes.toml"
     async with Upstream(faults="529") as up:
         path = tmp_path / "routes.toml"
-        path.write_text(sample.read_text("utf-8").replace("http://127.0.0.1:8765/v1", up.openai_url))
+        path.write_text(SAMPLE_ROUTES.replace("http://127.0.0.1:8765/v1", up.openai_url))
         config = streamres.proxy.load(str(path))
         assert config.models["chat"] == ["large", "small"] and config.deadline == 120
         async with running(config, port=0) as run:
