@@ -495,7 +495,7 @@ async def test_the_fleet_s_budget_banks_what_its_first_attempts_paid_for(
     the fleet bank 400 retries (the cap grows with them), the 401st waits."""
     import coredis
 
-    from streamres._shell.shared.state import _BUDGET
+    from streamres._shell.shared.budget import _BUDGET
 
     async with coredis.Redis.from_url(redis_server.url, decode_responses=True) as redis:
         script = redis.register_script(_BUDGET)
