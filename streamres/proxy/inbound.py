@@ -101,6 +101,18 @@ def _parse(api: API, raw: bytes) -> Call:
     if stream is not None and not isinstance(stream, bool):
         # "false" is truthy: taking it as true would stream to a client that asked not to.
         raise BadRequest(f"stream must be true or false (a JSON boolean), not {stream!r:.40}")
+    if options is not None:
+        # Managed here (the upstream request is the proxy's own): checked as the API checks it,
+        # never passed on unread.
+        if not isinstance(options, Mapping):
+            raise BadRequest(f"stream_options must be an object, not {options!r:.40}")
+        if not stream:
+            raise BadRequest("stream_options is only allowed when stream is true")
+        usage = options.get("include_usage", False)
+        if not isinstance(usage, bool):
+            raise BadRequest(
+                f"stream_options.include_usage must be true or false, not {usage!r:.40}"
+            )
     return Call(
         api=api,
         model=model,

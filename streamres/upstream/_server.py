@@ -157,6 +157,41 @@ def check_tool_shapes(provider: str, body: dict[str, Any]) -> str | None:
     return None
 
 
+def _malformed(body: Any) -> str | None:
+    """What is wrong with a request body's shape, in the words the real APIs use for a 400;
+    ``None`` when every field this server reads has the type it reads it as."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    kinds: dict[str, tuple[type, ...]] = {
+        "model": (str,),
+        "messages": (list,),
+        "stream": (bool,),
+        "stream_options": (dict,),
+        "max_tokens": (int,),
+        "max_completion_tokens": (int,),
+        "max_output_tokens": (int,),
+        "tools": (list,),
+        "input": (str, list),
+        "system": (str, list),
+        "background": (bool,),
+    }
+    names = {
+        str: "a string",
+        list: "an array",
+        bool: "a boolean",
+        dict: "an object",
+        int: "an integer",
+    }
+    for key, types in kinds.items():
+        value = body.get(key)
+        # A boolean is a Python int, but not a JSON integer.
+        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+        if value is not None and wrong:
+            want = " or ".join(names[t] for t in types)
+            return f"Invalid type for '{key}': expected {want}, but got {type(value).__name__}."
+    return None
+
+
 def _input_messages(items: Any) -> list[dict[str, Any]]:
     """The Responses API's ``input`` (a string, or message items) as chat messages."""
     if isinstance(items, str):
@@ -356,7 +391,15 @@ class Upstream:
                         break
                     else:
                         return
-                await self._respond(conn, stream, event, body)
+                try:
+                    await self._respond(conn, stream, event, body)
+                except Exception as exc:  # a bug on a request: that request fails, not the server
+                    if conn.our_state is h11.SEND_RESPONSE:
+                        message = json.dumps(
+                            {"error": {"message": f"internal error: {type(exc).__name__}"}}
+                        )
+                        await self._send_simple(conn, stream, 500, message.encode())
+                    return
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
@@ -458,6 +501,11 @@ class Upstream:
             provider = "responses"
         else:
             await self._send_simple(conn, stream, 404, b'{"error":{"message":"not found"}}')
+            return
+        wrong = _malformed(body)
+        if wrong is not None:
+            message = json.dumps({"error": {"message": wrong, "type": "invalid_request_error"}})
+            await self._send_simple(conn, stream, 400, message.encode())
             return
         await self._chat(conn, stream, provider, path, headers, body)
 

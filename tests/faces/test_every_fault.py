@@ -1,0 +1,73 @@
+"""Every fault, the right move: the library and the proxy against loopback servers that break
+as real providers do — a bad field, a context limit, a model named for the answer, a tool
+call's arguments that are not JSON, a silent server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+import streamres
+from streamres.proxy import running
+from streamres.upstream import Upstream
+from tests.helpers.streams import FAST, USER, collect
+
+pytestmark = pytest.mark.anyio
+
+#: The proxy runs on uvicorn, which runs on asyncio.
+ON_ASYNCIO = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+BAD_FIELDS = [
+    {"stream_options": "x"},
+    {"stream_options": ["include_usage"]},
+    {"stream": "true"},
+    {"max_tokens": "10"},
+    {"messages": "hi"},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_FIELDS)
+async def test_the_embedded_upstream_answers_a_bad_field_with_a_400_and_keeps_serving(
+    bad: dict[str, Any],
+) -> None:
+    """``streamres serve`` given a field of the wrong type: a 400 in the API's own words, and
+    the next request is served (one bad request once ended the whole server)."""
+    async with Upstream() as up, httpx.AsyncClient() as http:
+        body = {"model": "m", "messages": USER, "stream": True, **bad}
+        got = await http.post(up.openai_url + "/chat/completions", json=body)
+        assert got.status_code == 400
+        assert "Invalid type for" in got.json()["error"]["message"]
+        ok = await http.post(
+            up.openai_url + "/chat/completions", json={"model": "m", "messages": USER}
+        )
+        assert ok.status_code == 200
+
+
+@ON_ASYNCIO
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"stream": True, "stream_options": "x"}, "stream_options must be an object"),
+        ({"stream": False, "stream_options": {"include_usage": True}}, "only allowed when stream"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage must be"),
+    ],
+)
+async def test_the_proxy_checks_the_fields_it_manages_before_anything_is_sent(
+    fields: dict[str, Any], words: str
+) -> None:
+    """A ``stream_options`` the proxy cannot honour is a 400 naming it, nothing goes upstream,
+    and the proxy goes on serving."""
+    async with running(port=0, faults="none", token_delay=0) as run, httpx.AsyncClient() as http:
+        assert run.upstream is not None
+        sent = len(run.upstream.requests)
+        got = await http.post(
+            run.url + "/v1/chat/completions", json={"model": "demo", "messages": USER, **fields}
+        )
+        assert got.status_code == 400 and words in got.json()["error"]["message"]
+        assert len(run.upstream.requests) == sent
+        ok = await http.post(
+            run.url + "/v1/chat/completions", json={"model": "demo", "messages": USER}
+        )
+        assert ok.status_code == 200
