@@ -237,7 +237,8 @@ class Proxy:
                 return
             served[1] = call.model
             status_events = headers.get("x-streamres-status") == "events"
-            writer = Writer(call, status_events=status_events)
+            first = next((r.model for r in self.client.routes if r.key == chain[0]), None)
+            writer = Writer(call, model=first, status_events=status_events)
             # Answers are shared (cache, single-flight) within a client key, never across
             # unless the operator says so.
             tenant = state.key.name if state and not self.config.cache_shared else None

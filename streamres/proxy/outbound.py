@@ -52,7 +52,9 @@ def _usage(done: DoneEvent) -> tuple[int, int]:
 class Writer:
     """Encodes one answer's events for the client."""
 
-    def __init__(self, call: Call, *, status_events: bool = False) -> None:
+    def __init__(
+        self, call: Call, *, model: str | None = None, status_events: bool = False
+    ) -> None:
         self.call = call
         self.api = call.api
         self.status_events = status_events
@@ -62,7 +64,9 @@ class Writer:
             "responses": "resp_",
         }[call.api] + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self.model = call.model
+        #: The model answering, as every chunk names it: the first of the chain, then the
+        #: one each retry, resume or fallback goes to, and at the end the done event's.
+        self.model = model or call.model
         self._seq = 0
         self._block = -1  # Anthropic: index of the open content block
         self._block_kind = ""
@@ -293,8 +297,10 @@ class Writer:
         fields = {"type": ev.type, "reason": ev.reason, "attempt": ev.attempt}
         if ev.type == "fallback":
             fields.update(from_model=ev.from_model, to_model=ev.to_model)
+            self.model = ev.to_model
         else:
             fields.update(delay=round(ev.delay, 3), model=ev.model)
+            self.model = ev.model
         if self.status_events:
             return self._sse("streamres.status", {**fields, "message": ev.message})
         words = " ".join(f"{k}={v}" for k, v in fields.items())
@@ -316,6 +322,7 @@ class Writer:
         return f": streamres {words}\n\n".encode()
 
     def _done(self, done: DoneEvent) -> bytes:
+        self.model = done.model
         inp, out = _usage(done)
         finish = done.finish_reason
         if self.api == "openai":
@@ -383,6 +390,7 @@ class Writer:
 
     def body(self, done: DoneEvent) -> bytes:
         """The whole answer as one JSON response in the client's API."""
+        self.model = done.model
         inp, out = _usage(done)
         calls = done.tool_calls
         if self.api == "openai":

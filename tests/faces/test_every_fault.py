@@ -9,10 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-import streamres
 from streamres.proxy import running
 from streamres.upstream import Upstream
-from tests.helpers.streams import FAST, USER, collect
+from tests.helpers.streams import USER
 
 pytestmark = pytest.mark.anyio
 
@@ -71,3 +70,52 @@ async def test_the_proxy_checks_the_fields_it_manages_before_anything_is_sent(
             run.url + "/v1/chat/completions", json={"model": "demo", "messages": USER}
         )
         assert ok.status_code == 200
+
+
+def _chain_config(up: Upstream) -> Any:
+    """A proxy config of two routes on ``up`` (``big``, then ``small``) under the alias ``chat``."""
+    from streamres.proxy.config import parse
+
+    return parse(
+        {
+            "routes": [
+                {"name": "big", "model": "big", "base_url": up.openai_url, "family": "f", "size": 2},
+                {"name": "small", "model": "small", "base_url": up.openai_url, "family": "f"},
+            ],
+            "models": {"chat": ["big", "small"]},
+        },
+        {},
+    )
+
+
+@ON_ASYNCIO
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_proxy_names_the_model_that_answered(stream: bool) -> None:
+    """The primary is at capacity, the fallback answers: every chunk (and a whole response)
+    names the fallback, as a provider names the model that served — never the alias asked for
+    (the client's accounting reads it)."""
+    import openai
+
+    from streamres.upstream import FaultPlan, ModelSpec
+
+    models = {"big": ModelSpec(faults=FaultPlan("at-capacity*50"))}
+    async with Upstream(models=models) as up:
+        async with running(_chain_config(up), port=0) as run:
+            sdk = openai.AsyncOpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0)
+            try:
+                if stream:
+                    chunks = [
+                        c
+                        async for c in await sdk.chat.completions.create(
+                            model="chat", messages=USER, stream=True  # type: ignore[arg-type]
+                        )
+                    ]
+                    names = {c.model for c in chunks}
+                    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                else:
+                    whole = await sdk.chat.completions.create(model="chat", messages=USER)  # type: ignore[arg-type]
+                    names, text = {whole.model}, whole.choices[0].message.content or ""
+            finally:
+                await sdk.close()
+        assert text == up.answer(USER)
+    assert names == {"small"}
