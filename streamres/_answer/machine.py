@@ -160,6 +160,8 @@ class Answer:
         self.d = Delivery(opts.read_limits.answer, opts.max_tokens)
         self.history: list[Attempt] = []
         self.failures = [0] * len(opts.chain)
+        #: Chain positions whose model refused this answer's request for its length.
+        self.too_long = [False] * len(opts.chain)
         self.pos = 0
         self.attempts = 0
         self.resumes = 0
@@ -854,6 +856,8 @@ class Answer:
             self.failures[self.pos] = self.seam_tries
         elif fail.kind == "client_busy":
             pass  # this side's failure, not the model's: its count stays
+        elif fail.kind == "context_length":
+            self.too_long[self.pos] = True  # never this model again, for this answer
         else:
             self.failures[self.pos] = 1 if added else self.failures[self.pos] + 1
         return self._decide(at, fail, now)
@@ -872,6 +876,7 @@ class Answer:
             rand=opts.rng.random(),
             fallback_after=opts.fallback_after,
             reached=at.reached,
+            too_long=self.too_long,
         )
         tokens = self.d.tokens() if self.chars else 0
         route = at.route

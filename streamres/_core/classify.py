@@ -20,6 +20,8 @@ stall              no content for ``stall_timeout`` (keep-alives don't count)  y
 truncated          stream ended without its terminal event                     yes
 malformed          a chunk that is not the JSON the protocol promises          yes
 prefill_rejected   400 saying assistant prefill is unsupported                 yes, instruct
+context_length     400 ``context_length_exceeded``, "maximum context length",  on the next
+                   "prompt is too long", "exceeds the available context size"  model only
 permanent          other 4xx: bad request, auth, not found, quota              no
 deadline           the overall deadline ran out (not the model's fault)        no time left
 replay_unavailable a background response cannot be re-attached to             yes, continue
@@ -57,6 +59,7 @@ FailureKind = Literal[
     "truncated",
     "malformed",
     "prefill_rejected",
+    "context_length",
     "permanent",
     "deadline",
     "replay_unavailable",
@@ -105,6 +108,26 @@ _CAPACITY_TYPES = frozenset(
 #: In-band errors about what the model generated, not the request (Groq's ``tool_use_failed``):
 #: retried, even under an ``invalid_request_error`` type.
 _MODEL_SLIPS = frozenset({"tool_use_failed", "output_parse_failed"})
+#: A request longer than the model's context window, in the words of OpenAI, vLLM and SGLang
+#: ("maximum context length"), Anthropic ("prompt is too long"), llama.cpp ("exceeds the
+#: available context size") and Gemini ("input token count … exceeds the maximum"): another
+#: model, with a larger window, may take it; this one never will.
+_CONTEXT = re.compile(
+    r"maximum context length|context[ _]length[ _]exceeded|prompt is too long|"
+    r"exceeds? the (available )?context (size|window)|input token count .{0,40}exceeds",
+    re.I,
+)
+_CONTEXT_TYPES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+
+
+def _too_long(kind: FailureKind, message: str, names: set[str]) -> bool:
+    """Is this refusal about the request's length, past the model's context window? (Never a
+    capacity or rate limit: "request too large … tokens per min" is a quota.)"""
+    if kind in ("capacity", "rate_limit"):
+        return False
+    return bool(names & _CONTEXT_TYPES) or bool(_CONTEXT.search(message))
+
+
 _RATE_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded", "rate_limited", "tokens"})
 _PERMANENT_TYPES = frozenset(
     {
@@ -163,6 +186,8 @@ def classify_error_object(error: Any) -> Failure:
             kind = "rate_limit"
         else:
             kind = "transient"
+    if _too_long(kind, message, names):
+        kind = "context_length"
     return Failure(
         kind=kind,
         message=message or error_type or "upstream error",
@@ -241,8 +266,10 @@ def classify_response(
             f"{url} answered HTTP {status}{shown}, which is not what an LLM API answers: check "
             "base_url (OpenAI-compatible servers usually end in /v1) and provider"
         )
+    if status in (400, 413, 422) and kind == "permanent" and _too_long(kind, message, names):
+        kind = "context_length"
     should_retry = headers.get("x-should-retry")
-    if should_retry == "false" and kind != "prefill_rejected":
+    if should_retry == "false" and kind not in ("prefill_rejected", "context_length"):
         kind = "permanent"
     elif should_retry == "true" and kind == "permanent":
         kind = "transient"

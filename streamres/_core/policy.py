@@ -2,7 +2,10 @@
 
 The rules, in order:
 
-1. a permanent error (bad request, auth, not found, quota) is never retried;
+1. a permanent error (bad request, auth, not found, quota) is never retried; a request longer
+   than the model's context window (``context_length``) is never sent to that model again,
+   but goes on to the next model of the chain that has not refused it for its length (a
+   larger window may take it), and is refused, naming the limit, when none is left;
 2. time that ran out ends the answer as a deadline (never as the attempt cap);
 3. the optional attempt cap ends the answer;
 4. a URL that has never answered and cannot be reached (refused, DNS, TLS, connect timeout) gets
@@ -101,11 +104,21 @@ def decide(
     rand: float,
     fallback_after: int,
     reached: bool = True,
+    too_long: Sequence[bool] = (),
 ) -> Decision:
     """``failures[i]``: consecutive failures of model ``i``, this one included; ``reached``:
-    the current model's server has answered at least once (in this process)."""
+    the current model's server has answered at least once (in this process); ``too_long[i]``:
+    model ``i`` refused this answer's request for its length (this one included)."""
     if failure.kind == "permanent":
         return Decision("give_up", error="rejected", why=failure.message)
+    if failure.kind == "context_length":
+        n = len(failures)
+        for step in range(1, n):
+            nxt = (model_index + step) % n
+            if not (too_long[nxt] if nxt < len(too_long) else False):
+                return Decision("switch", model_index=nxt)
+        tried = "every model of the chain refused it" if n > 1 else failure.message
+        return Decision("give_up", error="rejected", why=f"the request is too long: {tried}")
     if failure.kind == "deadline" or time_left <= 0:
         return Decision("give_up", error="deadline", why=failure.message)
     if max_attempts is not None and attempt >= max_attempts:

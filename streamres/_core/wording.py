@@ -24,6 +24,7 @@ _REASONS = {
     "malformed": "Garbled data from the server",
     "prefill_rejected": "Model does not take a partial answer",
     "permanent": "Request refused",
+    "context_length": "Too long for the model's context window",
     "deadline": "Out of time",
     "replay_unavailable": "Could not re-attach to the answer",
     "ended_at_seam": "The model stopped without continuing",
@@ -61,6 +62,8 @@ def fallback_message(from_model: str, to_model: str, reason: str = "capacity") -
         return f"Many people are using {from_model} right now — switching you to {to_model}"
     if reason == "unreachable":
         return f"Cannot reach {from_model} — switching you to {to_model}"
+    if reason == "context_length":
+        return f"This conversation is too long for {from_model} — switching you to {to_model}"
     what = _REASONS.get(reason, reason).lower()
     return f"{from_model} is not answering well ({what}) — switching you to {to_model}"
 

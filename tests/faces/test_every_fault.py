@@ -9,9 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
+import streamres
 from streamres.proxy import running
 from streamres.upstream import Upstream
-from tests.helpers.streams import USER
+from tests.helpers.streams import FAST, USER, collect
 
 pytestmark = pytest.mark.anyio
 
@@ -119,3 +120,57 @@ async def test_the_proxy_names_the_model_that_answered(stream: bool) -> None:
                 await sdk.close()
         assert text == up.answer(USER)
     assert names == {"small"}
+
+
+TOO_LONG = "400:type=context_length_exceeded*9"
+
+
+async def test_a_context_limit_moves_to_the_next_model_without_asking_the_same_again() -> None:
+    """The first model refuses the request for its length: the next model of the chain answers
+    (a larger window may take it), and the first is asked once, never again."""
+    from streamres.upstream import FaultPlan, ModelSpec
+
+    async with Upstream(models={"small": ModelSpec(faults=FaultPlan(TOO_LONG))}) as up:
+        routes = [
+            streamres.Route("small", base_url=up.openai_url, api_key="k"),
+            streamres.Route("large", base_url=up.openai_url, api_key="k"),
+        ]
+        async with streamres.Client(routes, backoff=FAST) as client:
+            text, events, done = await collect(client.stream(USER, model=["small", "large"]))
+        asked = [r.body.get("model") for r in up.requests]
+    assert text == up.answer(USER) and done.model == "large"
+    assert asked.count("small") == 1
+    assert done.history[0].outcome == "context_length"
+    fallback = next(e for e in events if e.type == "fallback")
+    assert "too long for small" in fallback.message
+
+
+async def test_a_context_limit_with_no_other_model_is_one_clean_refusal() -> None:
+    """Alone, the model's refusal is final at once, naming the limit: one request, no retry."""
+    async with Upstream(faults=TOO_LONG) as up:
+        with pytest.raises(streamres.RequestRejected) as info:
+            await collect(
+                streamres.stream_resilient(
+                    USER, model="m", base_url=up.openai_url, api_key="k", backoff=FAST
+                )
+            )
+        assert len(up.requests) == 1
+    assert "context window" in str(info.value) and info.value.reason == "context_length"
+
+
+@ON_ASYNCIO
+async def test_the_proxy_routes_a_context_limit_to_the_next_model() -> None:
+    """Through the proxy, the same: the SDK gets the answer of the chain's next model."""
+    import openai
+
+    from streamres.upstream import FaultPlan, ModelSpec
+
+    async with Upstream(models={"big": ModelSpec(faults=FaultPlan(TOO_LONG))}) as up:
+        async with running(_chain_config(up), port=0) as run:
+            sdk = openai.AsyncOpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0)
+            try:
+                whole = await sdk.chat.completions.create(model="chat", messages=USER)  # type: ignore[arg-type]
+            finally:
+                await sdk.close()
+        assert whole.choices[0].message.content == up.answer(USER)
+    assert whole.model == "small"
