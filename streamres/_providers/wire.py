@@ -110,6 +110,16 @@ class PartialCall:
             return None
         return self.complete()
 
+    def as_sent(self) -> ToolCall | None:
+        """The call with its arguments exactly as the model wrote them, JSON or not (how the
+        official SDKs hand them over once the model finished its turn); None if the call itself
+        did not arrive whole (no id or name, an Anthropic block never closed)."""
+        if not (self.id and self.name) or (self.requires_close and not self.closed):
+            return None
+        return self.complete() or ToolCall(
+            id=self.id, name=self.name, arguments="".join(self.arguments)
+        )
+
     def complete(self) -> ToolCall | None:
         """The call, if its arguments arrived whole and parse as JSON; else None."""
         text = "".join(self.arguments)
@@ -162,8 +172,10 @@ class StreamDecoder:
     Besides the answer's text (returned by ``feed``), a turn can carry reasoning and tool calls.
     Those go to ``side`` as ``("thinking", str)`` as they stream, and ``("tool_calls",
     tuple[ToolCall, ...])`` once, when the model finished the turn and *every* call of it
-    arrived whole and parses: all or nothing, never a partial call. The shell drains ``side``
-    once per network read, so the plain-text hot path pays nothing for it.
+    arrived whole — its arguments as the model wrote them, which a finished turn vouches for
+    even when they are not valid JSON (as the official SDKs hand them over); a turn that ended
+    without a finish reason only when they parse. All or nothing, never a partial call. The
+    shell drains ``side`` once per network read, so the plain-text hot path pays nothing for it.
     """
 
     __slots__ = (
@@ -211,7 +223,12 @@ class StreamDecoder:
         """The model ended its turn: hand over every tool call, or flag the turn incomplete."""
         if not self.calls:
             return
-        done = [c.complete() for _, c in sorted(self.calls.items())]
+        # The model said it finished: its calls are its answer, as written, valid JSON or not
+        # (a model's bad JSON is for the application to see, as the official SDKs show it).
+        # Only a call that never arrived whole, or a budget that ran out inside one, is not.
+        finished = self.finish_reason not in (None, "length")
+        parts = sorted(self.calls.items())
+        done = [c.as_sent() if finished else c.complete() for _, c in parts]
         calls = tuple(c for c in done if c is not None)
         self.calls = {}
         if len(calls) != len(done) and self.finish_reason == "length":

@@ -62,7 +62,7 @@ def chat(body: bytes) -> View:
         for call in message.tool_calls or ():
             fn = getattr(call, "function", None)
             if fn is not None:
-                view.tool_calls.append((fn.name, _args(fn.arguments or "")))
+                view.tool_calls.append((fn.name, arguments(fn.arguments or "")))
     return view
 
 
@@ -115,7 +115,7 @@ def responses(body: bytes) -> View:
                 elif part.get("type") == "refusal":
                     view.refusal += part.get("refusal", "")
         elif item.get("type") == "function_call":
-            view.tool_calls.append((item.get("name"), _args(item.get("arguments") or "")))
+            view.tool_calls.append((item.get("name"), arguments(item.get("arguments") or "")))
     usage = final.get("usage") or {}
     view.input_tokens = usage.get("input_tokens")
     view.output_tokens = usage.get("output_tokens")
@@ -126,7 +126,9 @@ def responses(body: bytes) -> View:
     return view
 
 
-def _args(text: str) -> Any:
+def arguments(text: str) -> Any:
+    """A tool call's arguments as compared: parsed, or the text itself when it does not parse
+    (a model's bad JSON, handed over as written)."""
     try:
         return json.loads(text) if text.strip() else {}
     except ValueError:
