@@ -627,7 +627,7 @@ class Answer:
         return Send(
             req,
             connect_timeout=connect_timeout(at.reached),
-            stall=self.stall.limit(),
+            stall=self._header_wait(route),
             until=self.t_end,
             probe_route=route if self.fleet.probing(at.index) else None,
         )
@@ -1014,6 +1014,16 @@ class Answer:
             return False  # "length": the budget ended it, which the done event says
         new = self.text[len(self.text) - added :] if added else ""
         return not new.strip()
+
+    def _header_wait(self, route: Route) -> float:
+        """How long this attempt waits for response headers: with another model to go to,
+        the route's (or the answer's) header bound — a server that accepts and sends nothing
+        is left for the next model then (policy rule 6); alone, the first-output wait."""
+        wait = self.stall.limit()
+        if len(set(self.opts.chain)) > 1:
+            bound = route.header_timeout or self.opts.header_timeout
+            wait = min(wait, bound)
+        return wait
 
     def _replaying(self) -> bool:
         return self.replay is not None and self.replay[0] == self.index

@@ -17,7 +17,7 @@ from streamres._core.bounds import ReadLimits
 from streamres._core.errors import InvalidRequest
 from streamres._core.lanes import NORMAL, check_priority
 from streamres._core.redact import redact_url
-from streamres._core.stall import FIRST_OUTPUT
+from streamres._core.stall import FIRST_OUTPUT, HEADERS
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
@@ -70,6 +70,8 @@ class Options:
     read_limits: ReadLimits = field(default_factory=ReadLimits)
     #: Its lane when slots are full (``_core/lanes``): higher goes first.
     priority: int = 0
+    #: Seconds to wait for response headers when the chain has another model (``HEADERS``).
+    header_timeout: float = HEADERS
 
 
 def resolve_route(route: Route) -> Route:
@@ -106,6 +108,8 @@ def resolve_route(route: Route) -> Route:
         raise _bad(f"max_in_flight must be None or a positive integer, not {route.max_in_flight}")
     if not route.weight > 0:
         raise _bad(f"weight must be positive, not {route.weight!r}")
+    if route.header_timeout is not None:
+        _seconds("header_timeout", route.header_timeout)
     return replace(route, base_url=url, api_key=key)
 
 
@@ -119,6 +123,7 @@ KNOWN_ARGUMENTS = (
     "deadline",
     "stall_timeout",
     "first_token_timeout",
+    "header_timeout",
     "max_tokens",
     "client",
     "continuation",
@@ -194,6 +199,7 @@ def check_options(
     read_limits: Any = None,
     first_token_timeout: Any = FIRST_OUTPUT,
     priority: Any = NORMAL,
+    header_timeout: Any = HEADERS,
 ) -> Options:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise _bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -249,6 +255,7 @@ def check_options(
         rng=rng or random.Random(),
         read_limits=read_limits or ReadLimits(),
         priority=_priority(priority),
+        header_timeout=_seconds("header_timeout", header_timeout) or HEADERS,
     )
 
 

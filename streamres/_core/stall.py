@@ -20,10 +20,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["FIRST_OUTPUT", "StallTimer"]
+__all__ = ["FIRST_OUTPUT", "HEADERS", "StallTimer"]
 
 #: Default wait for an attempt's first output (and its response headers).
 FIRST_OUTPUT = 60.0
+#: Default wait for response headers when the answer has another model to go to: a server that
+#: accepts a request and sends nothing is left for the next model after this, not after the
+#: first-output wait (headers come before the model thinks: the time to first token is apart).
+HEADERS = 10.0
 _KNOWN_PACE = 3  # gaps needed before the pace is trusted
 
 

@@ -40,6 +40,10 @@ class Route:
     size: float | None = None
     #: Key of the account/quota this route shares a limit with (default: its base URL).
     account: str | None = None
+    #: Seconds to wait for this route's response headers when the answer has another model
+    #: to go to (default: the answer's ``header_timeout``, 10 s); for a server that sends its
+    #: headers only once the prompt is read (a local model on a CPU), give it more.
+    header_timeout: float | None = None
 
     @property
     def key(self) -> str:

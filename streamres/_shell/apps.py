@@ -11,6 +11,7 @@ from streamres._answer.options import KNOWN_ARGUMENTS
 from streamres._core.bounds import ANSWER
 from streamres._core.lanes import NORMAL, parse_priority
 from streamres._core.redact import redact_url
+from streamres._core.stall import FIRST_OUTPUT, HEADERS
 from streamres._shell.cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
 from streamres._shell.extras import install_hint, installed, require
 from streamres._shell.log import log
@@ -20,6 +21,8 @@ from streamres._shell.tracing import otel_installed
 
 __all__ = [
     "ANSWER",
+    "FIRST_OUTPUT",
+    "HEADERS",
     "KNOWN_ARGUMENTS",
     "NORMAL",
     "Parser",

@@ -26,7 +26,7 @@ from streamres._core.errors import InvalidRequest
 from streamres._core.events import Event
 from streamres._core.lanes import NORMAL
 from streamres._core.semantic import split_question
-from streamres._core.stall import FIRST_OUTPUT
+from streamres._core.stall import FIRST_OUTPUT, HEADERS
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.metrics import Health, ModelMetrics
@@ -87,6 +87,7 @@ class Client:
         deadline: float = 120.0,
         stall_timeout: float | None = None,
         first_token_timeout: float = FIRST_OUTPUT,
+        header_timeout: float = HEADERS,
         backoff: Backoff | None = None,
         fallback_after: int = 2,
         rng: random.Random | None = None,
@@ -120,6 +121,7 @@ class Client:
             deadline=deadline,
             stall_timeout=stall_timeout,
             first_token_timeout=first_token_timeout,
+            header_timeout=header_timeout,
             max_tokens=None,
             max_attempts=None,
             backoff=backoff,
@@ -138,6 +140,7 @@ class Client:
         self._deadline = deadline
         self._stall_timeout = stall_timeout
         self._first_token_timeout = first_token_timeout
+        self._header_timeout = header_timeout
         self._backoff = backoff
         self._fallback_after = fallback_after
         self._rng = rng or random.Random()
@@ -242,6 +245,7 @@ class Client:
         deadline: float | None = None,
         stall_timeout: float | None = None,
         first_token_timeout: float | None = None,
+        header_timeout: float | None = None,
         max_tokens: int | None = None,
         max_attempts: int | None = None,
         headers: Mapping[str, str] | None = None,
@@ -288,6 +292,7 @@ class Client:
             first_token_timeout=(
                 self._first_token_timeout if first_token_timeout is None else first_token_timeout
             ),
+            header_timeout=self._header_timeout if header_timeout is None else header_timeout,
             max_tokens=max_tokens,
             max_attempts=max_attempts,
             backoff=self._backoff,

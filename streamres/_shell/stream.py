@@ -49,7 +49,7 @@ from streamres._core.events import Event
 from streamres._core.inflate import ACCEPT_ENCODING
 from streamres._core.policy import connect_allowance
 from streamres._core.redact import redact_url
-from streamres._core.stall import FIRST_OUTPUT
+from streamres._core.stall import FIRST_OUTPUT, HEADERS
 from streamres._core.tokens import Counter, counter_for
 from streamres._fleet.fleet import Fleet
 from streamres._shell.limits import Limits
@@ -146,6 +146,7 @@ def stream_resilient(
     deadline: float = 120.0,
     stall_timeout: float | None = None,
     first_token_timeout: float = FIRST_OUTPUT,
+    header_timeout: float = HEADERS,
     max_tokens: int | None = None,
     client: httpx.AsyncClient | None = None,
     continuation: Literal["auto", "prefill", "prefix", "instruct"] = "auto",
@@ -193,6 +194,7 @@ def stream_resilient(
         deadline=deadline,
         stall_timeout=stall_timeout,
         first_token_timeout=first_token_timeout,
+        header_timeout=header_timeout,
         max_tokens=max_tokens,
         max_attempts=max_attempts,
         backoff=backoff,
@@ -319,7 +321,8 @@ async def _send(
         return response, None, queued
     if t >= t_end:
         return None, failure("deadline", "no response headers before the deadline"), queued
-    return None, failure("stall", f"no response within {stall:g} s of sending the request"), queued
+    silent = failure("stall", f"no response headers within {stall:g} s of sending the request")
+    return None, dataclasses.replace(silent, error_type="no_headers"), queued
 
 
 async def _read_body(raw: AsyncIterator[bytes], seconds: float) -> bytes:

@@ -5,6 +5,8 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     [policy]
     deadline = 120            # seconds per answer, retries and resumes included
     stall_timeout = 0         # 0: adaptive (follows each stream's pace)
+    first_token_timeout = 60  # seconds for an attempt's first output (a model thinking)
+    header_timeout = 10       # seconds for response headers, when there is a model to fall back to
     breaker_threshold = 3
     breaker_recovery = 60
     max_answer_chars = 4194304  # one answer's bound; past it, it ends as "length"
@@ -19,6 +21,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     size = 2
     weight = 1.0
     max_in_flight = 5
+    header_timeout = 10       # this route's own header bound (a local CPU model: give it more)
 
     [models]                  # aliases a client may ask for -> fallback chains of routes
     chat = ["gpt", "claude"]
@@ -68,7 +71,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import streamres
-from streamres._shell.apps import ANSWER, NORMAL, install_hint, installed, parse_priority
+from streamres._shell.apps import (
+    ANSWER,
+    FIRST_OUTPUT,
+    HEADERS,
+    NORMAL,
+    install_hint,
+    installed,
+    parse_priority,
+)
 
 __all__ = ["ClientKey", "Config", "ConfigError", "ServerLimits", "load"]
 
@@ -140,6 +151,10 @@ class Config:
     clients: list[ClientKey] = field(default_factory=list)
     deadline: float = 120.0
     stall_timeout: float | None = None
+    #: Seconds for an attempt's first output, and for response headers when a chain has
+    #: another model to go to (``[policy]``; a route's own ``header_timeout`` wins).
+    first_token_timeout: float = FIRST_OUTPUT
+    header_timeout: float = HEADERS
     breaker_threshold: int = 3
     breaker_recovery: float = 60.0
     #: Streams at once per account (``Client(account_limits=...)``).
@@ -167,6 +182,8 @@ class Config:
             "account_limits": self.accounts,
             "deadline": self.deadline,
             "stall_timeout": self.stall_timeout,
+            "first_token_timeout": self.first_token_timeout,
+            "header_timeout": self.header_timeout,
             "breaker_threshold": self.breaker_threshold,
             "breaker_recovery": self.breaker_recovery,
         }
@@ -184,6 +201,7 @@ _ROUTE_KEYS = {
     "max_in_flight",
     "account",
     "continuation",
+    "header_timeout",
 }
 
 #: The tables of ``routes.toml`` and the keys of each (``routes`` is checked per route).
@@ -191,12 +209,22 @@ _TABLES = ("policy", "routes", "models", "accounts", "cache", "server", "clients
 _POLICY_KEYS = (
     "deadline",
     "stall_timeout",
+    "first_token_timeout",
+    "header_timeout",
     "breaker_threshold",
     "breaker_recovery",
     "max_answer_chars",
 )
 _CLIENT_KEYS = ("name", "key_env", "max_in_flight", "requests_per_minute", "priority")
 _OPERATOR_KEYS = ("key_env", "public_health")
+
+
+def _positive(key: str, policy: Mapping[str, Any], default: float) -> float:
+    """``[policy] key``: a positive number of seconds (``default`` when absent)."""
+    value = policy.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"[policy]: {key} must be a positive number of seconds, not {value!r}")
+    return float(value)
 
 
 def _known(where: str, raw: Any, known: Iterable[str], what: str = "key") -> None:
@@ -345,6 +373,8 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         clients=clients,
         deadline=float(policy.get("deadline", 120.0)),
         stall_timeout=float(stall) if stall else None,
+        first_token_timeout=_positive("first_token_timeout", policy, FIRST_OUTPUT),
+        header_timeout=_positive("header_timeout", policy, HEADERS),
         breaker_threshold=int(policy.get("breaker_threshold", 3)),
         breaker_recovery=float(policy.get("breaker_recovery", 60.0)),
         accounts=dict(accounts),

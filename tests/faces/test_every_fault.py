@@ -174,3 +174,74 @@ async def test_the_proxy_routes_a_context_limit_to_the_next_model() -> None:
                 await sdk.close()
         assert whole.choices[0].message.content == up.answer(USER)
     assert whole.model == "small"
+
+
+async def test_a_silent_server_costs_one_header_bound_then_the_fallback_answers() -> None:
+    """The primary accepts the request and never sends headers: after the header bound (here
+    1 s) the next model answers — the silent one is asked once, not waited on again for the
+    first-output minute (before, the answer came after two such minutes)."""
+    from tests.helpers.hostile import hostile
+
+    async with hostile(["hang"]) as silent, Upstream() as up:
+        routes = [
+            streamres.Route("big", base_url=silent.url, api_key="k"),
+            streamres.Route("small", base_url=up.openai_url, api_key="k"),
+        ]
+        async with streamres.Client(routes, header_timeout=1, deadline=45, backoff=FAST) as c:
+            text, events, done = await collect(c.stream(USER, model=["big", "small"]))
+        assert len(silent.requests) == 1
+    assert text == up.answer(USER) and done.model == "small"
+    assert done.history[0].outcome == "stall" and done.elapsed < 20  # 1 s bound + the answer
+    assert [e.type for e in events if e.type != "text"][:1] == ["fallback"]
+
+
+async def test_a_model_alone_waits_its_first_output_limit_for_headers() -> None:
+    """With no model to fall back to, the header bound does not apply: a server that sends its
+    headers late (a local model reading a long prompt) is waited for."""
+    from tests.helpers.hostile import END, chunk, head, hostile, openai_chunk
+
+    late = [
+        "pause:1.5",
+        head(),
+        chunk(openai_chunk("late")),
+        chunk(openai_chunk(finish="stop") + b"data: [DONE]\n\n"),
+        END,
+    ]
+    async with hostile(late) as slow:
+        text, _, done = await collect(
+            streamres.stream_resilient(
+                USER, model="m", base_url=slow.url, api_key="k", header_timeout=0.5
+            )
+        )
+    assert text == "late" and done.attempts == 1
+
+
+@ON_ASYNCIO
+async def test_the_proxy_leaves_a_silent_route_for_the_next_within_its_header_bound() -> None:
+    """Through the proxy, with ``header_timeout`` set on the silent route in ``routes.toml``:
+    the client gets the fallback's answer, well within the deadline (it once got a 504)."""
+    import openai
+
+    from streamres.proxy.config import parse
+    from tests.helpers.hostile import hostile
+
+    async with hostile(["hang"]) as silent, Upstream() as up:
+        config = parse(
+            {
+                "routes": [
+                    {"name": "big", "model": "big", "base_url": silent.url, "header_timeout": 1},
+                    {"name": "small", "model": "small", "base_url": up.openai_url},
+                ],
+                "models": {"chat": ["big", "small"]},
+                "policy": {"deadline": 45},
+            },
+            {},
+        )
+        async with running(config, port=0) as run:
+            sdk = openai.AsyncOpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0)
+            try:
+                whole = await sdk.chat.completions.create(model="chat", messages=USER)  # type: ignore[arg-type]
+            finally:
+                await sdk.close()
+        assert whole.choices[0].message.content == up.answer(USER)
+    assert whole.model == "small" and len(silent.requests) == 1

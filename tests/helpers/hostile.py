@@ -23,7 +23,7 @@ import anyio.lowlevel
 
 #: A response: parts sent in order. ``bytes`` are written as they are (one write each);
 #: ``"reset"`` aborts the connection, ``"hang"`` keeps it open until the test ends, ``"close"``
-#: closes it cleanly.
+#: closes it cleanly, ``"pause:S"`` sends nothing for S seconds (a server slow to answer).
 Part = bytes | str
 Response = Sequence[Part]
 
@@ -69,6 +69,9 @@ class Hostile:
                         return
                     if part == "hang":
                         await anyio.sleep_forever()
+                    if isinstance(part, str) and part.startswith("pause:"):
+                        await anyio.sleep(float(part.removeprefix("pause:")))  # a slow server
+                        continue
                     if part == "close":
                         await stream.aclose()
                         return
