@@ -179,6 +179,8 @@ class Answer:
         self._status: tuple[int, Mapping[str, str]] = (0, {})
         self._ended_at = 0.0
         self._lingering = False
+        #: This wait for a model that will take the request was told to the caller.
+        self._told_busy = False
         #: The finish reason and refusal of a done event waiting for a count.
         self._ending = ("stop", "")
         #: A whole answer's slot, given back once its body's end is read (see ``abandon``).
@@ -486,17 +488,23 @@ class Answer:
                 return self._fail(DeadlineExceeded, choice.unavailable(self.fleet, chain, now))
             wait = max(0.0, min(ready_at, self.t_end) - now)
             capacity = self.last is None or self.last.kind in ("capacity", "rate_limit")
-            self.events.append(
-                RetryEvent(
-                    message=busy_message(wait, probing=probing, capacity=capacity),
-                    attempt=self.attempts + 1,
-                    delay=wait,
-                    reason="circuit_open",
-                    model=self.model,
+            if not self._told_busy:  # woken early and still busy: said once is enough
+                self._told_busy = True
+                self.events.append(
+                    RetryEvent(
+                        message=busy_message(wait, probing=probing, capacity=capacity),
+                        attempt=self.attempts + 1,
+                        delay=wait,
+                        reason="circuit_open",
+                        model=self.model,
+                    )
                 )
-            )
             self.state = State.BUSY
-            return Wait(now + wait, probing=probing)
+            # With a client's slots, the wait ends as soon as anything changes — a breaker
+            # closing here or in another process, a probe's outcome, a slot freeing — and the
+            # models are asked again, rather than sleeping to the earliest scheduled time.
+            return Wait(now + wait, probing=self.slots is not None)
+        self._told_busy = False
         if pos != self.pos:
             old = self.index
             self.pos = pos

@@ -12,6 +12,7 @@ import pytest
 import streamres
 from streamres.proxy import running
 from streamres.upstream import Upstream
+from tests.helpers.redis import RedisServer
 from tests.helpers.streams import FAST, USER, collect
 
 pytestmark = pytest.mark.anyio
@@ -245,3 +246,44 @@ async def test_the_proxy_leaves_a_silent_route_for_the_next_within_its_header_bo
                 await sdk.close()
         assert whole.choices[0].message.content == up.answer(USER)
     assert whole.model == "small" and len(silent.requests) == 1
+
+
+async def test_a_wait_for_a_busy_fleet_ends_when_a_model_comes_back(redis_server: RedisServer) -> None:
+    """Every model of the chain refused for a minute (another process's breakers, shared
+    through Redis): the answer waits — and when another process says one recovered, it goes
+    at once, not at the end of the minute (a batch once sat silent 58 s while both breakers
+    had closed 0.3 s after opening)."""
+    import json
+    import time
+
+    import anyio
+    import coredis
+
+    async with Upstream() as up:
+        routes = [
+            streamres.Route("a", base_url=up.openai_url, api_key="k"),
+            streamres.Route("b", base_url=up.openai_url, api_key="k"),
+        ]
+        peer = coredis.Redis.from_url(redis_server.url, decode_responses=True)
+        async with peer, streamres.Client(routes, shared=redis_server.url, deadline=90) as client:
+
+            async def news(kind: str, route: str) -> None:
+                until = time.time() + 60
+                message = {"kind": kind, "route": route, "until": until, "from": "another"}
+                await peer.publish("streamres:events", json.dumps(message))
+
+            for route in ("a", "b"):
+                await news("open", route)
+            with anyio.fail_after(10):  # the news arrives (one round trip), and wakes the client
+                while {m.breaker for m in client.metrics().values()} != {"open"}:
+                    await client._limits.changed(0.1)  # type: ignore[union-attr]
+            started = anyio.current_time()
+            text = ""
+            async for ev in client.stream(USER, model=["a", "b"]):
+                if ev.type == "retry" and ev.reason == "circuit_open":
+                    await news("closed", "b")  # the waiting answer heard: b is back
+                elif ev.type == "text":
+                    text += ev.text
+            waited = anyio.current_time() - started
+    assert text == up.answer(USER)
+    assert waited < 30  # woken by the news, not at the minute's end
