@@ -30,7 +30,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["BadLine", "Job", "Pace", "Window", "finished", "parse_jobs", "record"]
 
@@ -49,6 +49,9 @@ class Job:
     messages: list[dict[str, Any]]
     model: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    #: The shape its line came in, which its result line is written in: streamres's own, or
+    #: an OpenAI Batch API input line (then an OpenAI Batch output line).
+    shape: Literal["streamres", "openai"] = "streamres"
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ def _job(obj: Any, n: int) -> Job:
     if model is not None and not isinstance(model, str):
         raise ValueError(f"model must be a string, not {model!r:.40}")
     params = {k: v for k, v in body.items() if k not in _OWN}
-    return Job(str(raw_id), n, messages, model, params)
+    shape: Literal["streamres", "openai"] = "openai" if "body" in obj else "streamres"
+    return Job(str(raw_id), n, messages, model, params, shape)
 
 
 def parse_jobs(lines: Iterable[str]) -> tuple[list[Job], list[BadLine]]:
@@ -113,9 +117,88 @@ def parse_jobs(lines: Iterable[str]) -> tuple[list[Job], list[BadLine]]:
     return jobs, bad
 
 
-def record(job: Job, result: Mapping[str, Any]) -> str:
-    """One result line: the job's id, then what came of it (``ok`` first), as JSON."""
-    return json.dumps({"id": job.id, **result}, ensure_ascii=False, separators=(",", ":")) + "\n"
+def record(job: Job, result: Mapping[str, Any], *, now: float = 0.0, token: str = "") -> str:
+    """One result line, in the shape the job's line came in: streamres's own (the job's id,
+    then what came of it, ``ok`` first), or an OpenAI Batch API output line (``now``: the
+    answer's Unix time; ``token``: a unique hex string for its ids)."""
+    line = (
+        _openai_line(job, result, now, token)
+        if job.shape == "openai"
+        else {
+            "id": job.id,
+            **result,
+        }
+    )
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+#: The OpenAI Batch API's error codes for a request that got no answer, by streamres error.
+_BATCH_CODES = {
+    "DeadlineExceeded": "batch_expired",
+    "AttemptsExhausted": "server_error",
+    "UpstreamUnreachable": "server_error",
+}
+
+
+def _openai_line(job: Job, result: Mapping[str, Any], now: float, token: str) -> dict[str, Any]:
+    """An OpenAI Batch API output line: ``response`` with the HTTP status and the whole
+    ``chat.completion`` body, or for a refused request its status and error body; a request
+    that got no answer has ``response: null`` and ``error: {code, message}`` (``batch_expired``
+    when its time ran out)."""
+    head = {"id": f"batch_req_{token}", "custom_id": job.id}
+    if result.get("ok"):
+        usage = result.get("usage") or {}
+        prompt, completion = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
+        message: dict[str, Any] = {"role": "assistant", "content": result.get("text") or None}
+        calls = result.get("tool_calls") or []
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
+                for c in calls
+            ]
+        finish = result.get("finish_reason") or "stop"
+        body = {
+            "id": f"chatcmpl-{token}",
+            "object": "chat.completion",
+            "created": int(now),
+            "model": result.get("model") or job.model or "",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": "stop" if finish == "refusal" else finish,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
+        response = {"status_code": 200, "request_id": f"req_{token}", "body": body}
+        return {**head, "response": response, "error": None}
+    message_text = str(result.get("message", ""))
+    status = result.get("status_code")
+    if result.get("error") in ("InvalidRequest", "RequestRejected"):
+        error = {
+            "message": message_text,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+        response = {
+            "status_code": status if isinstance(status, int) and status >= 400 else 400,
+            "request_id": f"req_{token}",
+            "body": {"error": error},
+        }
+        return {**head, "response": response, "error": None}
+    code = _BATCH_CODES.get(str(result.get("error")), "server_error")
+    return {**head, "response": None, "error": {"code": code, "message": message_text}}
 
 
 def finished(lines: Iterable[str]) -> tuple[dict[str, dict[str, Any]], int]:
@@ -131,7 +214,12 @@ def finished(lines: Iterable[str]) -> tuple[dict[str, dict[str, Any]], int]:
         except ValueError:
             torn += 1
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("id"), str):
+        if isinstance(rec, dict) and isinstance(rec.get("custom_id"), str):
+            # An OpenAI Batch output line: answered when it has a 200 response.
+            response = rec.get("response")
+            ok = isinstance(response, dict) and response.get("status_code") == 200
+            records[rec["custom_id"]] = {**rec, "ok": ok}
+        elif isinstance(rec, dict) and isinstance(rec.get("id"), str):
             records[rec["id"]] = rec
         else:
             torn += 1

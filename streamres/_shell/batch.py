@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -302,7 +303,7 @@ class _Batch:
         """One write of the whole line, flushed: a crash leaves whole lines, or a torn last
         one that the next run sees as such."""
         with anyio.CancelScope(shield=True):
-            await self.sink.write(record(job, result))
+            await self.sink.write(record(job, result, now=time.time(), token=uuid.uuid4().hex))
             await self.sink.flush()
         self.progress({"id": job.id, **result})
 
@@ -336,6 +337,7 @@ class _Batch:
                 "message": str(exc),
                 "partial_text": exc.partial_text,
                 "attempts": exc.attempts,
+                "status_code": exc.status_code,
             }
         usage = done.usage
         run.done += 1

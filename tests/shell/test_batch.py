@@ -165,6 +165,57 @@ async def test_every_progress_report_adds_up(tmp_path: Path) -> None:
     assert (answers[-1].in_flight, answers[-1].waiting) == (0, 0)
 
 
+def _openai_line(i: int, **body: Any) -> str:
+    """A line of an OpenAI Batch API input file."""
+    request = {"model": "m", "messages": [{"role": "user", "content": _q(i)}], **body}
+    return json.dumps(
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": request}
+    )
+
+
+async def test_an_openai_batch_file_gets_an_openai_batch_output_file(tmp_path: Path) -> None:
+    """Given an OpenAI Batch input file, the results are an OpenAI Batch output file: each line
+    ``id``, ``custom_id``, ``response`` (status, request id, the whole ``chat.completion``
+    body, which the official SDK's type reads) and ``error``; a refused request has its 4xx
+    status and error body. Stopped after four answers and run again, each ``custom_id`` that
+    was answered is written once, and the rerun sends only the rest."""
+    import openai.types.chat
+
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text("\n".join([*(_openai_line(i) for i in range(8)), _openai_line(8, n=2)]))
+
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client([route]) as client:
+            with anyio.CancelScope() as scope:  # stopped as Ctrl-C stops it
+
+                def stop_after_four(p: streamres.BatchProgress) -> None:
+                    if p.done >= 4:
+                        scope.cancel()
+
+                await streamres.run_batch(
+                    client, requests, results, concurrency=1, on_progress=stop_after_four
+                )
+            sent = len(up.requests)
+            summary = await streamres.run_batch(client, requests, results)
+        assert len(up.requests) - sent == summary.answered == 8 - summary.skipped
+        lines = _records(results)
+        answered = [r for r in lines if r["response"] and r["response"]["status_code"] == 200]
+        assert sorted(r["custom_id"] for r in answered) == [f"r{i}" for i in range(8)]
+        for r in answered:
+            assert set(r) == {"id", "custom_id", "response", "error"} and r["error"] is None
+            body = openai.types.chat.ChatCompletion.model_validate(r["response"]["body"])
+            i = int(r["custom_id"][1:])
+            want = up.answer([{"role": "user", "content": _q(i)}])
+            # The cookbook's own reader of a results file:
+            assert r["response"]["body"]["choices"][0]["message"]["content"] == want
+            assert body.choices[0].finish_reason == "stop" and body.model == "m"
+            assert r["id"].startswith("batch_req_") and body.usage is not None
+    refused = [r for r in lines if r["custom_id"] == "r8"]
+    assert refused and refused[-1]["response"]["status_code"] == 400
+    assert "n=2" in refused[-1]["response"]["body"]["error"]["message"]
+
+
 async def test_an_interrupted_batch_finishes_exactly_the_missing_ids(tmp_path: Path) -> None:
     """Stopped after five answers (as Ctrl-C would), then run again: every id answered once,
     and the records are those of an uninterrupted run, line for line (sorted by id)."""
