@@ -2,19 +2,27 @@
 observes the events an answer yields and reports them as spans.
 
 One span per answer (``chat {model}``, kind CLIENT) with the GenAI semantic conventions'
-attributes — ``gen_ai.operation.name``, ``gen_ai.system``, ``gen_ai.request.model`` (and
-``max_tokens``, ``temperature``, ``top_p`` when given), ``gen_ai.response.model``,
-``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` / ``output_tokens``,
-``server.address`` / ``server.port``, ``error.type`` on failure — plus streamres's own
+attributes — ``gen_ai.operation.name``, ``gen_ai.provider.name``, ``gen_ai.request.model``
+(and ``max_tokens``, ``temperature``, ``top_p`` when given), ``gen_ai.response.model``,
+``gen_ai.response.finish_reasons`` (``error`` for an answer that ended early),
+``gen_ai.usage.input_tokens`` / ``output_tokens``, ``server.address`` / ``server.port``,
+``error.type`` on failure — plus streamres's own
 (``streamres.attempts``, ``streamres.resumes``, ``streamres.join``, ``streamres.cache``,
 ``streamres.deduplicated_chars``). A child span per attempt (``attempt {n} {model}``) with the
-route, its outcome (``ok`` or the failure kind), the HTTP status, the characters it added and
-its time to first token; events on the answer's span for each retry, resume (strategy), fallback
-(from and to) and the done event. The request to the upstream carries the answer's context
-(``traceparent``), so a server that traces continues it.
+route, its outcome (``ok`` or the failure kind, also as ``error.type`` on a failed one), the
+HTTP status, the characters it added and its time to first token; events on the answer's span
+for each retry, resume (strategy), fallback (from and to) and the done event. The request to
+the upstream carries the answer's context (``traceparent``), so a server that traces continues
+it.
 
-Prompts and completions are recorded only with ``capture_content=True`` (as the events
-``gen_ai.content.prompt`` and ``gen_ai.content.completion``); keys and headers never are.
+Prompts and completions are recorded only with ``capture_content=True``, as the span
+attributes ``gen_ai.input.messages`` and ``gen_ai.output.messages`` (JSON, the conventions'
+message shape); keys and headers never are.
+
+The deprecated names — ``gen_ai.system`` beside ``gen_ai.provider.name``, and the content as
+the events ``gen_ai.content.prompt`` / ``gen_ai.content.completion`` — are kept for the
+dashboards built on them, and dropped with the conventions' standard switch
+``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` (read when a client is made).
 
 Tracing is off unless asked for: ``tracing=True`` (the global tracer provider; an error naming
 the extra if OpenTelemetry is not installed), a ``TracerProvider``, or ``tracing=None`` (the
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -39,6 +48,12 @@ from streamres._version import __version__
 __all__ = ["Tracing", "otel_installed", "traced"]
 
 _SCOPE = "streamres"
+
+
+def _latest_only() -> bool:
+    """The GenAI conventions' opt-in to their newest names alone (no deprecated ones)."""
+    opted = os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
+    return "gen_ai_latest_experimental" in {p.strip() for p in opted.split(",")}
 
 
 @functools.cache
@@ -57,6 +72,8 @@ class Tracing:
 
     def __init__(self, setting: Any = None, *, capture_content: bool = False) -> None:
         self.capture_content = bool(capture_content)
+        #: Only the conventions' newest names (``OTEL_SEMCONV_STABILITY_OPT_IN``).
+        self.latest_only = _latest_only()
         self.tracer: Any = None
         if setting is False:
             return
@@ -112,11 +129,14 @@ class AnswerTrace:
 
         self._trace = trace
         self.tracing = tracing
+        provider = "anthropic" if route.provider == "anthropic" else "openai"
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.system": "anthropic" if route.provider == "anthropic" else "openai",
+            "gen_ai.provider.name": provider,
             "gen_ai.request.model": route.model,
         }
+        if not tracing.latest_only:
+            attributes["gen_ai.system"] = provider
         if max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = max_tokens
         for name in ("temperature", "top_p"):
@@ -133,10 +153,11 @@ class AnswerTrace:
             f"chat {route.model}", kind=trace.SpanKind.CLIENT, attributes=attributes
         )
         if tracing.capture_content:
-            self.span.add_event(
-                "gen_ai.content.prompt",
-                {"gen_ai.prompt": json.dumps(list(messages), ensure_ascii=False, default=str)},
-            )
+            shown = json.dumps(_input_messages(messages), ensure_ascii=False, default=str)
+            self.span.set_attribute("gen_ai.input.messages", shown)
+            if not tracing.latest_only:
+                old = json.dumps(list(messages), ensure_ascii=False, default=str)
+                self.span.add_event("gen_ai.content.prompt", {"gen_ai.prompt": old})
         self._context = trace.set_span_in_context(self.span)
         self._number = 0
         self._model = route.model
@@ -175,6 +196,8 @@ class AnswerTrace:
         }
         if status is not None:
             attributes["http.response.status_code"] = status
+        if outcome != "ok":
+            attributes["error.type"] = outcome
         if self._first_at is not None:
             attributes["streamres.time_to_first_token"] = round((self._first_at - began) / 1e9, 6)
         span = self.tracing.tracer.start_span(
@@ -250,13 +273,24 @@ class AnswerTrace:
             timestamp=now,
         )
         if self.tracing.capture_content:
-            span.add_event("gen_ai.content.completion", {"gen_ai.completion": ev.text})
+            parts = [{"type": "text", "content": ev.text}] if ev.text else []
+            parts += [
+                {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}
+                for c in ev.tool_calls
+            ]
+            output = [
+                {"role": "assistant", "parts": parts, "finish_reason": ev.finish_reason}
+            ]
+            span.set_attribute("gen_ai.output.messages", json.dumps(output, ensure_ascii=False))
+            if not self.tracing.latest_only:
+                span.add_event("gen_ai.content.completion", {"gen_ai.completion": ev.text})
 
     def failed(self, exc: StreamError) -> None:
         now = time.time_ns()
         if self._pending is not None and now >= self._pending:  # not given up in a backoff
             self._close_attempt(exc.reason or type(exc).__name__, exc.status_code, now)
         self.span.set_attribute("error.type", type(exc).__name__)
+        self.span.set_attribute("gen_ai.response.finish_reasons", ["error"])
         self.span.set_attribute("streamres.attempts", exc.attempts)
         self.span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(exc)[:200]))
 
@@ -265,6 +299,24 @@ class AnswerTrace:
         if self._pending is not None and now >= self._pending:
             self._close_attempt("cancelled", None, now)  # the caller left mid-attempt
         self.span.end(end_time=now)
+
+
+def _input_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The request's messages in the conventions' shape: a role and parts."""
+    shaped = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            parts: list[Any] = [{"type": "text", "content": content}]
+        else:
+            parts = [
+                {"type": "text", "content": p.get("text", "")}
+                if isinstance(p, Mapping) and p.get("type") == "text"
+                else {"type": str(p.get("type", "part")) if isinstance(p, Mapping) else "part"}
+                for p in content or []
+            ]
+        shaped.append({"role": m.get("role"), "parts": parts})
+    return shaped
 
 
 async def traced(events: AsyncIterator[Event], trace: AnswerTrace) -> AsyncIterator[Event]:

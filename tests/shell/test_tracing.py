@@ -214,3 +214,46 @@ async def test_an_answer_from_the_cache_has_no_attempt(spans: Any) -> None:
     assert names.count("chat m") == 2 and names.count("attempt 1 m") == 1
     hit = [s for s in exporter.get_finished_spans() if s.name == "chat m"][-1]
     assert dict(hit.attributes or {})["streamres.cache"] == "hit"
+
+
+async def test_the_conventions_current_names_and_the_failed_attempts_error_type(
+    spans: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the official instrumentation names them: ``gen_ai.provider.name``; each failed
+    attempt's span has ``error.type`` (its failure kind); content as ``gen_ai.input.messages``
+    / ``gen_ai.output.messages``; with the conventions' opt-in to their newest names, the
+    deprecated ``gen_ai.system`` and content events are gone."""
+    provider, exporter = spans
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "http,gen_ai_latest_experimental")
+    async with Upstream(faults="reset@5", words=12) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client(
+            [route], tracing=provider, capture_content=True, backoff=FAST
+        ) as client:
+            text, _, _ = await collect(client.stream(Q, model="m"))
+    finished = exporter.get_finished_spans()
+    answer = next(s for s in finished if s.name == "chat m")
+    a = dict(answer.attributes or {})
+    assert a["gen_ai.provider.name"] == "openai" and "gen_ai.system" not in a
+    failed = next(s for s in finished if s.name == "attempt 1 m")
+    assert dict(failed.attributes or {})["error.type"] == "connection"
+    assert "error.type" not in dict(next(s for s in finished if s.name == "attempt 2 m").attributes or {})
+    (said,) = json.loads(str(a["gen_ai.input.messages"]))
+    assert said["role"] == "user" and said["parts"][0]["content"] == Q[0]["content"]
+    (out,) = json.loads(str(a["gen_ai.output.messages"]))
+    assert out["parts"][0]["content"] == text and out["finish_reason"] == "stop"
+    assert not [e for e in answer.events if e.name.startswith("gen_ai.content.")]
+
+
+async def test_an_answer_that_ended_early_finishes_with_error(spans: Any) -> None:
+    """An answer given up: ``gen_ai.response.finish_reasons`` says ``error``."""
+    provider, exporter = spans
+    async with Upstream(models={"m": ModelSpec(faults=FaultPlan("400"))}) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client([route], tracing=provider) as client:
+            with pytest.raises(streamres.RequestRejected):
+                await collect(client.stream(Q, model="m"))
+    answer = _by_name(exporter.get_finished_spans())["chat m"]
+    a = dict(answer.attributes or {})
+    assert tuple(a["gen_ai.response.finish_reasons"]) == ("error",)  # type: ignore[arg-type]
+    assert a["gen_ai.provider.name"] == "openai" and a["gen_ai.system"] == "openai"
