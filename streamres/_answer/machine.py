@@ -84,7 +84,7 @@ from streamres._core.policy import (
 )
 from streamres._core.redact import Redactor, redact_url, url_secrets
 from streamres._core.sse import SSEDecoder
-from streamres._core.stall import StallTimer
+from streamres._core.stall import StallTimer, first_output_limit
 from streamres._core.tokens import ON_LOOP, Counter, TokenLedger
 from streamres._core.wording import (
     busy_message,
@@ -374,7 +374,11 @@ class Answer:
             self.read_deadline = min(self.t_end, self.stall.deadline())
             self.log.debug("streamres.stall_waited", late=round(late, 3))
             return READ
-        return self._over(failure("stall", f"no output for {self.stall.limit():.3g} s"), now)
+        silence = failure("stall", f"no output for {self.stall.limit():.3g} s")
+        if self.at is not None and self.at.first_content is None:
+            # Nothing yet: the model is slow to start for its history (``first_output``).
+            silence = dataclasses.replace(silence, error_type="first_output")
+        return self._over(silence, now)
 
     def read_failed(self, fail: Failure, now: float) -> Action:
         """A read raised (the connection broke)."""
@@ -619,6 +623,10 @@ class Answer:
         at.decoder, at.dedup, at.request = request.decoder_for(route, opts), dedup, req
         at.sse = SSEDecoder(max_line=opts.read_limits.line, max_event=opts.read_limits.event)
         at.started = now
+        self.stall.first = opts.first_token_timeout
+        if len(set(opts.chain)) > 1:  # a fallback at hand: this model's own pace decides
+            samples = self.fleet.states[at.index].stats.ttft
+            self.stall.first = first_output_limit(samples, opts.first_token_timeout)
         self.stall.start(now)
         at.chars_before = self.chars
         at.tokens_before = d.ledger.tokens if d.ledger is not None else 0

@@ -18,9 +18,10 @@ A caller who gives ``stall_timeout`` gets that one fixed limit in both phases, a
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["FIRST_OUTPUT", "HEADERS", "StallTimer"]
+__all__ = ["FIRST_OUTPUT", "HEADERS", "StallTimer", "first_output_limit"]
 
 #: Default wait for an attempt's first output (and its response headers).
 FIRST_OUTPUT = 60.0
@@ -29,6 +30,25 @@ FIRST_OUTPUT = 60.0
 #: first-output wait (headers come before the model thinks: the time to first token is apart).
 HEADERS = 10.0
 _KNOWN_PACE = 3  # gaps needed before the pace is trusted
+
+#: The learned first-output limit: after ``LEARN_AFTER`` of a model's times to first token,
+#: ``FIRST_FACTOR`` × their 95th percentile, never below ``FIRST_FLOOR``, never above the
+#: caller's ``first_token_timeout``.
+LEARN_AFTER = 5
+FIRST_FACTOR = 4.0
+FIRST_FLOOR = 8.0
+
+
+def first_output_limit(samples: Sequence[float], ceiling: float) -> float:
+    """How long an attempt on a model waits for its first output, when the answer has another
+    model to go to: learnt from the model's own recent times to first token. A model that is
+    suddenly slow for its history is left early (a fallback is at hand); one that is always
+    slow (a reasoning model) keeps its time; until enough is known, the generous ``ceiling``."""
+    if len(samples) < LEARN_AFTER:
+        return ceiling
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return min(ceiling, max(FIRST_FLOOR, FIRST_FACTOR * p95))
 
 
 @dataclass

@@ -287,3 +287,39 @@ async def test_a_wait_for_a_busy_fleet_ends_when_a_model_comes_back(redis_server
             waited = anyio.current_time() - started
     assert text == up.answer(USER)
     assert waited < 30  # woken by the news, not at the minute's end
+
+
+def test_the_first_output_limit_follows_each_models_own_history() -> None:
+    """A model that answers in well under a second is given 8 s for its first output once
+    its history is known; one that always thinks for half a minute keeps its time (the
+    ceiling); until five times are known, the ceiling."""
+    from streamres._core.stall import first_output_limit
+
+    assert first_output_limit([0.3, 0.4, 0.2, 0.5, 0.3, 0.4], 60.0) == 8.0
+    assert first_output_limit([28.0, 31.0, 25.0, 30.0, 29.0], 60.0) == 60.0
+    assert first_output_limit([3.0] * 10, 60.0) == 12.0
+    assert first_output_limit([0.3] * 4, 60.0) == 60.0
+
+
+async def test_a_fast_model_suddenly_slow_to_its_first_token_moves_to_the_fallback() -> None:
+    """A model whose answers start in well under a second sends nothing after its headers: with
+    a fallback at hand, the answer moves on after its learnt limit (8 s), not the first-output
+    minute."""
+    from streamres.upstream import FaultPlan, ModelSpec
+
+    models = {"a": ModelSpec(faults=FaultPlan()), "b": ModelSpec()}
+    async with Upstream(models=models, stall_seconds=300) as up:
+        routes = [
+            streamres.Route("a", base_url=up.openai_url, api_key="k"),
+            streamres.Route("b", base_url=up.openai_url, api_key="k"),
+        ]
+        async with streamres.Client(routes, backoff=FAST, deadline=90) as client:
+            for _ in range(6):  # its history: quick first tokens
+                _, _, done = await collect(client.stream(USER, model=["a", "b"]))
+                assert done.model == "a"
+            faults = up.models["a"].faults
+            assert faults is not None
+            faults.push("stall@0")  # headers, then keep-alives only
+            text, _, done = await collect(client.stream(USER, model=["a", "b"]))
+    assert text == up.answer(USER) and done.model == "b"
+    assert done.history[0].outcome == "stall" and done.elapsed < 30
