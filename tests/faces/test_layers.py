@@ -33,6 +33,17 @@ FLOORS: dict[str, int] = {
 APP_NAMES = ("streamres", "streamres.prometheus", "streamres.upstream", "streamres._shell.apps")
 
 
+def _named(path: pathlib.Path) -> list[str]:
+    """Every module name ``path`` imports (``from x import y``: ``x``)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return names
+
+
 def _module(path: pathlib.Path) -> str:
     parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -130,17 +141,36 @@ def test_the_apps_use_the_public_names() -> None:
 def test_tests_do_not_import_the_benchmarks() -> None:
     """Test helpers live in the tests; only the benchmarks' own tests import a benchmark."""
     tests = pathlib.Path(__file__).parents[1]
-    found = []
-    for path in sorted(tests.rglob("*.py")):
-        if "benchmarks" in path.parts or "recordings" in path.parts:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            found += [f"{path.name}: {n}" for n in names if n.startswith("streamres.benchmarks")]
+    found = [
+        f"{path.name}: {n}"
+        for path in sorted(tests.rglob("*.py"))
+        if "benchmarks" not in path.parts and "recordings" not in path.parts
+        for n in _named(path)
+        if n.startswith("streamres.benchmarks")
+    ]
+    assert found == []
+
+
+def test_the_pure_floors_import_nothing_of_the_shell() -> None:
+    """The core, the providers, the fleet and the answer machine are pure: none of their
+    modules imports the I/O shell, the apps, an I/O library or a logging library (the machine
+    logs through the logger its shell hands it)."""
+    forbidden = (
+        "streamres._shell",
+        "streamres._apps",
+        "streamres.proxy",
+        "streamres.chat",
+        "streamres.benchmarks",
+        "anyio",
+        "httpx",
+        "structlog",
+        "logging",
+    )
+    found = [
+        f"{layer}/{path.name}: {n}"
+        for layer in ("_core", "_fleet", "_providers", "_answer")
+        for path in sorted((ROOT / layer).glob("*.py"))
+        for n in _named(path)
+        if any(n == f or n.startswith(f + ".") for f in forbidden)
+    ]
     assert found == []
