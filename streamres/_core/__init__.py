@@ -1,1 +1,3 @@
-"""The pure core: every decision about an answer, with no I/O (time and randomness passed in)."""
+"""The pure core, the lowest floor: the vocabulary (events, errors, failure kinds) and the pure
+pieces the floors above use — SSE decoding, classification, the policy after a failure, backoff,
+de-duplication, the token ledger — with no I/O (time and randomness passed in)."""
