@@ -97,6 +97,7 @@ class Client:
         cache: Cache | None = None,
         tracing: Any = None,
         capture_content: bool = False,
+        metrics: Any = None,
     ) -> None:
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise InvalidRequest(
@@ -145,7 +146,7 @@ class Client:
         self._fallback_after = fallback_after
         self._rng = rng or random.Random()
         self._read_limits = read_limits
-        self._tracing = Tracing(tracing, capture_content=capture_content)
+        self._tracing = Tracing(tracing, capture_content=capture_content, metrics=metrics)
         if shared is not None and not (
             isinstance(shared, str) and shared.startswith(("redis://", "rediss://", "unix://"))
         ):

@@ -158,6 +158,7 @@ def stream_resilient(
     read_limits: ReadLimits | None = None,
     tracing: Any = None,
     capture_content: bool = False,
+    metrics: Any = None,
     **more: Any,
 ) -> ResilientStream:
     """Stream one answer, surviving capacity errors, drops, stalls and truncations.
@@ -204,7 +205,7 @@ def stream_resilient(
         rng=rng,
         read_limits=read_limits,
     )
-    tracer = Tracing(tracing, capture_content=capture_content)
+    tracer = Tracing(tracing, capture_content=capture_content, metrics=metrics)
     if not tracer.enabled:
         return ResilientStream(_run(opts, client, None))
     trace = tracer.answer(opts.messages, routes[0], more, max_tokens)

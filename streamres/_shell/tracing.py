@@ -24,6 +24,15 @@ the events ``gen_ai.content.prompt`` / ``gen_ai.content.completion`` — are kep
 dashboards built on them, and dropped with the conventions' standard switch
 ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` (read when a client is made).
 
+**Metrics**, through the OpenTelemetry meter provider (``metrics=``: ``None``, the default,
+uses the global one when a program configured it; a ``MeterProvider``; ``False`` never), as the
+official instrumentation records them: ``gen_ai.client.token.usage`` (by
+``gen_ai.token.type``, input and output) and ``gen_ai.client.operation.duration`` (with
+``error.type`` for an answer that failed), plus ``gen_ai.client.operation.time_to_first_chunk``
+and streamres's own counters ``streamres.attempts``, ``streamres.resumes``,
+``streamres.fallbacks`` and ``streamres.deduplicated_chars`` — each with the operation, the
+provider, the requested and the answering model.
+
 Tracing is off unless asked for: ``tracing=True`` (the global tracer provider; an error naming
 the extra if OpenTelemetry is not installed), a ``TracerProvider``, or ``tracing=None`` (the
 default) with a tracer provider configured globally and the package installed.
@@ -70,11 +79,22 @@ def _version() -> str:
 class Tracing:
     """A client's tracing: whether it traces, with which tracer, and whether content goes in."""
 
-    def __init__(self, setting: Any = None, *, capture_content: bool = False) -> None:
+    def __init__(
+        self, setting: Any = None, *, capture_content: bool = False, metrics: Any = None
+    ) -> None:
         self.capture_content = bool(capture_content)
         #: Only the conventions' newest names (``OTEL_SEMCONV_STABILITY_OPT_IN``).
         self.latest_only = _latest_only()
         self.tracer: Any = None
+        self.meters = _Meters.of(metrics)
+        self._resolve(setting)
+        if self.tracer is None and self.meters is not None:
+            # Metrics without traces: spans that record nothing (and inject no context).
+            from opentelemetry import trace
+
+            self.tracer = trace.NoOpTracer()
+
+    def _resolve(self, setting: Any) -> None:
         if setting is False:
             return
         if setting is None:
@@ -114,8 +134,51 @@ class Tracing:
         return AnswerTrace(self, messages, route, params, max_tokens)
 
 
+class _Meters:
+    """A client's GenAI metrics instruments (made once)."""
+
+    def __init__(self, meter: Any) -> None:
+        self.tokens = meter.create_histogram(
+            "gen_ai.client.token.usage", unit="{token}", description="Tokens used per answer"
+        )
+        self.duration = meter.create_histogram(
+            "gen_ai.client.operation.duration", unit="s", description="An answer's duration"
+        )
+        self.first_chunk = meter.create_histogram(
+            "gen_ai.client.operation.time_to_first_chunk",
+            unit="s",
+            description="Time from the request to an answer's first output",
+        )
+        self.attempts = meter.create_counter("streamres.attempts", unit="{attempt}")
+        self.resumes = meter.create_counter("streamres.resumes", unit="{resume}")
+        self.fallbacks = meter.create_counter("streamres.fallbacks", unit="{fallback}")
+        self.deduplicated = meter.create_counter("streamres.deduplicated_chars", unit="{char}")
+
+    @classmethod
+    def of(cls, setting: Any) -> _Meters | None:
+        """``metrics=``: ``None`` (the global meter provider, when one is configured), a
+        ``MeterProvider``, or ``False``."""
+        if setting is False:
+            return None
+        if setting is None:
+            if not installed("opentelemetry.metrics"):
+                return None
+            from opentelemetry import metrics
+
+            provider = metrics.get_meter_provider()
+            if type(provider).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider"):
+                return None  # nothing configured: nothing to record
+            return cls(provider.get_meter(_SCOPE, _version()))
+        if hasattr(setting, "get_meter"):
+            return cls(setting.get_meter(_SCOPE, _version()))
+        raise InvalidRequest(
+            f"metrics must be None, False or a MeterProvider, not {setting!r:.60}",
+            reason="invalid",
+        )
+
+
 class AnswerTrace:
-    """The spans of one answer, fed its events."""
+    """The spans of one answer, and its metrics, fed its events."""
 
     def __init__(
         self,
@@ -159,6 +222,13 @@ class AnswerTrace:
                 old = json.dumps(list(messages), ensure_ascii=False, default=str)
                 self.span.add_event("gen_ai.content.prompt", {"gen_ai.prompt": old})
         self._context = trace.set_span_in_context(self.span)
+        self._metric_attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": route.model,
+        }
+        self._started = time.monotonic()
+        self._first_output: float | None = None
         self._number = 0
         self._model = route.model
         self._next_model = route.model
@@ -215,6 +285,8 @@ class AnswerTrace:
     def observe(self, ev: Event) -> None:
         now = time.time_ns()
         if ev.type in ("text", "thinking", "tool_call"):
+            if self._first_output is None:
+                self._first_output = time.monotonic() - self._started
             if self._first_at is None:
                 self._first_at = now
             if ev.type == "text":
@@ -272,6 +344,7 @@ class AnswerTrace:
             {"finish_reason": ev.finish_reason, "model": ev.model, "attempts": ev.attempts},
             timestamp=now,
         )
+        self._measure(ev)
         if self.tracing.capture_content:
             parts = [{"type": "text", "content": ev.text}] if ev.text else []
             parts += [
@@ -285,8 +358,32 @@ class AnswerTrace:
             if not self.tracing.latest_only:
                 span.add_event("gen_ai.content.completion", {"gen_ai.completion": ev.text})
 
+    def _measure(self, ev: DoneEvent) -> None:
+        meters = self.tracing.meters
+        if meters is None:
+            return
+        labels = {**self._metric_attributes, "gen_ai.response.model": ev.model}
+        usage = ev.usage
+        for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+            if count is not None:
+                meters.tokens.record(count, {**labels, "gen_ai.token.type": kind})
+        meters.duration.record(time.monotonic() - self._started, labels)
+        if self._first_output is not None:
+            meters.first_chunk.record(self._first_output, labels)
+        meters.attempts.add(ev.attempts, labels)
+        meters.resumes.add(ev.resumes, labels)
+        pairs = zip(ev.history, ev.history[1:], strict=False)
+        fallbacks = sum(1 for a, b in pairs if a.model != b.model)
+        meters.fallbacks.add(fallbacks, labels)
+        meters.deduplicated.add(ev.deduplicated_chars, labels)
+
     def failed(self, exc: StreamError) -> None:
         now = time.time_ns()
+        meters = self.tracing.meters
+        if meters is not None:
+            labels = {**self._metric_attributes, "error.type": type(exc).__name__}
+            meters.duration.record(time.monotonic() - self._started, labels)
+            meters.attempts.add(exc.attempts, labels)
         if self._pending is not None and now >= self._pending:  # not given up in a backoff
             self._close_attempt(exc.reason or type(exc).__name__, exc.status_code, now)
         self.span.set_attribute("error.type", type(exc).__name__)

@@ -257,3 +257,63 @@ async def test_an_answer_that_ended_early_finishes_with_error(spans: Any) -> Non
     a = dict(answer.attributes or {})
     assert tuple(a["gen_ai.response.finish_reasons"]) == ("error",)  # type: ignore[arg-type]
     assert a["gen_ai.provider.name"] == "openai" and a["gen_ai.system"] == "openai"
+
+
+def _points(reader: Any) -> dict[str, list[Any]]:
+    """Every data point the reader holds, by metric name."""
+    got: dict[str, list[Any]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                got.setdefault(metric.name, []).extend(metric.data.data_points)
+    return got
+
+
+async def test_the_genai_client_metrics_as_the_official_instrumentation_records_them() -> None:
+    """Through a ``MeterProvider`` (no tracing configured): token usage by type, the
+    operation's duration and time to first chunk, and streamres's attempts and resumes —
+    labelled with the provider and the requested and answering models."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    try:
+        async with Upstream(faults="reset@5", words=12) as up:
+            route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+            async with streamres.Client([route], metrics=meters, backoff=FAST) as client:
+                _, _, done = await collect(client.stream(Q, model="m"))
+        got = _points(reader)
+    finally:
+        meters.shutdown()
+    tokens = {p.attributes["gen_ai.token.type"]: p for p in got["gen_ai.client.token.usage"]}
+    assert tokens["output"].sum == done.usage.output_tokens
+    assert tokens["input"].sum == done.usage.input_tokens
+    labels = dict(tokens["output"].attributes)
+    assert labels["gen_ai.provider.name"] == "openai"
+    assert labels["gen_ai.request.model"] == labels["gen_ai.response.model"] == "m"
+    (duration,) = got["gen_ai.client.operation.duration"]
+    assert duration.count == 1 and 0 < duration.sum < 60
+    assert got["gen_ai.client.operation.time_to_first_chunk"][0].count == 1
+    assert got["streamres.attempts"][0].value == done.attempts == 2
+    assert got["streamres.resumes"][0].value == done.resumes == 1
+
+
+async def test_a_failed_answer_is_measured_with_its_error_type() -> None:
+    """An answer given up: its duration carries ``error.type``."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    try:
+        async with Upstream(models={"m": ModelSpec(faults=FaultPlan("400"))}) as up:
+            route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+            async with streamres.Client([route], metrics=meters) as client:
+                with pytest.raises(streamres.RequestRejected):
+                    await collect(client.stream(Q, model="m"))
+        (duration,) = _points(reader)["gen_ai.client.operation.duration"]
+    finally:
+        meters.shutdown()
+    assert duration.attributes["error.type"] == "RequestRejected"
