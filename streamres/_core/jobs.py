@@ -49,9 +49,10 @@ class Job:
     messages: list[dict[str, Any]]
     model: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
-    #: The shape its line came in, which its result line is written in: streamres's own, or
-    #: an OpenAI Batch API input line (then an OpenAI Batch output line).
-    shape: Literal["streamres", "openai"] = "streamres"
+    #: The shape its line came in, which its result line is written in: streamres's own, an
+    #: OpenAI Batch API input line (then an OpenAI Batch output line), or an Anthropic Message
+    #: Batches request (then an Anthropic result line).
+    shape: Literal["streamres", "openai", "anthropic"] = "streamres"
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,24 @@ def _job(obj: Any, n: int) -> Job:
     if not isinstance(obj, dict):
         raise ValueError(f"a request is a JSON object, not {type(obj).__name__}")
     raw_id = obj.get("custom_id", obj.get("id"))
-    if "body" in obj:  # an OpenAI Batch API line
+    shape: Literal["streamres", "openai", "anthropic"] = "streamres"
+    if "params" in obj and "custom_id" in obj:  # an Anthropic Message Batches request
+        body = obj["params"]
+        if not isinstance(body, dict):
+            raise ValueError("params must be a JSON object (the request's parameters)")
+        body = dict(body)
+        system = body.pop("system", None)
+        if system is not None and isinstance(body.get("messages"), list):
+            body["messages"] = [{"role": "system", "content": system}, *body["messages"]]
+        shape = "anthropic"
+    elif "body" in obj:  # an OpenAI Batch API line
         url = obj.get("url", "/v1/chat/completions")
         if url not in _OPENAI_BATCH_URLS:
             raise ValueError(f"url {url!r}: only chat completions can be streamed")
         body = obj["body"]
         if not isinstance(body, dict):
             raise ValueError("body must be a JSON object (the request's body)")
+        shape = "openai"
     else:
         body = {k: v for k, v in obj.items() if k not in ("id", "custom_id")}
     if raw_id is None:
@@ -91,7 +103,6 @@ def _job(obj: Any, n: int) -> Job:
     if model is not None and not isinstance(model, str):
         raise ValueError(f"model must be a string, not {model!r:.40}")
     params = {k: v for k, v in body.items() if k not in _OWN}
-    shape: Literal["streamres", "openai"] = "openai" if "body" in obj else "streamres"
     return Job(str(raw_id), n, messages, model, params, shape)
 
 
@@ -119,16 +130,15 @@ def parse_jobs(lines: Iterable[str]) -> tuple[list[Job], list[BadLine]]:
 
 def record(job: Job, result: Mapping[str, Any], *, now: float = 0.0, token: str = "") -> str:
     """One result line, in the shape the job's line came in: streamres's own (the job's id,
-    then what came of it, ``ok`` first), or an OpenAI Batch API output line (``now``: the
-    answer's Unix time; ``token``: a unique hex string for its ids)."""
-    line = (
-        _openai_line(job, result, now, token)
-        if job.shape == "openai"
-        else {
-            "id": job.id,
-            **result,
-        }
-    )
+    then what came of it, ``ok`` first), an OpenAI Batch API output line (``now``: the
+    answer's Unix time; ``token``: a unique hex string for its ids), or an Anthropic Message
+    Batches result line."""
+    if job.shape == "openai":
+        line = _openai_line(job, result, now, token)
+    elif job.shape == "anthropic":
+        line = _anthropic_line(job, result, token)
+    else:
+        line = {"id": job.id, **result}
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
@@ -201,6 +211,50 @@ def _openai_line(job: Job, result: Mapping[str, Any], now: float, token: str) ->
     return {**head, "response": None, "error": {"code": code, "message": message_text}}
 
 
+#: Anthropic's stop reasons, by streamres's finish reason.
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _anthropic_line(job: Job, result: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """An Anthropic Message Batches result line: ``succeeded`` with the whole message,
+    ``errored`` with the API's error response, or ``expired`` when its time ran out."""
+    if result.get("ok"):
+        usage = result.get("usage") or {}
+        content: list[dict[str, Any]] = []
+        if result.get("text"):
+            content.append({"type": "text", "text": result["text"]})
+        for c in result.get("tool_calls") or []:
+            try:
+                given = json.loads(c["arguments"]) if c["arguments"].strip() else {}
+            except ValueError:
+                given = c["arguments"]  # as the model wrote it
+            content.append({"type": "tool_use", "id": c["id"], "name": c["name"], "input": given})
+        finish = str(result.get("finish_reason") or "stop")
+        message = {
+            "id": f"msg_{token}",
+            "type": "message",
+            "role": "assistant",
+            "model": result.get("model") or job.model or "",
+            "content": content,
+            "stop_reason": _STOP.get(finish, finish),
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": usage.get("input_tokens") or 0,
+                "output_tokens": usage.get("output_tokens") or 0,
+            },
+        }
+        return {"custom_id": job.id, "result": {"type": "succeeded", "message": message}}
+    if result.get("error") == "DeadlineExceeded":
+        return {"custom_id": job.id, "result": {"type": "expired"}}
+    refused = result.get("error") in ("InvalidRequest", "RequestRejected")
+    error = {
+        "type": "invalid_request_error" if refused else "api_error",
+        "message": str(result.get("message", "")),
+    }
+    errored = {"type": "errored", "error": {"type": "error", "error": error}}
+    return {"custom_id": job.id, "result": errored}
+
+
 def finished(lines: Iterable[str]) -> tuple[dict[str, dict[str, Any]], int]:
     """The records of a results file by id (the last of an id wins), and how many lines were
     not records (a torn last line)."""
@@ -214,7 +268,12 @@ def finished(lines: Iterable[str]) -> tuple[dict[str, dict[str, Any]], int]:
         except ValueError:
             torn += 1
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("custom_id"), str):
+        if isinstance(rec, dict) and isinstance(rec.get("custom_id"), str) and "result" in rec:
+            # An Anthropic result line: answered when it succeeded.
+            outcome = rec.get("result")
+            ok = isinstance(outcome, dict) and outcome.get("type") == "succeeded"
+            records[rec["custom_id"]] = {**rec, "ok": ok}
+        elif isinstance(rec, dict) and isinstance(rec.get("custom_id"), str):
             # An OpenAI Batch output line: answered when it has a 200 response.
             response = rec.get("response")
             ok = isinstance(response, dict) and response.get("status_code") == 200

@@ -216,6 +216,45 @@ async def test_an_openai_batch_file_gets_an_openai_batch_output_file(tmp_path: P
     assert "n=2" in refused[-1]["response"]["body"]["error"]["message"]
 
 
+async def test_an_anthropic_message_batch_gets_anthropic_result_lines(tmp_path: Path) -> None:
+    """Given Anthropic Message Batches requests (``custom_id``, ``params`` with ``system`` and
+    ``max_tokens``), each result line is Anthropic's — the official SDK's own type reads every
+    one: ``succeeded`` with the whole message, ``errored`` with the API's error response; run
+    again, only what did not succeed is sent."""
+    from anthropic.types.messages import MessageBatchIndividualResponse
+
+    def line(i: int, **more: Any) -> str:
+        params = {"model": "m", "max_tokens": 200, "system": "Be brief.", **more}
+        params["messages"] = [{"role": "user", "content": _q(i)}]
+        return json.dumps({"custom_id": f"a{i}", "params": params})
+
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text("\n".join([*(line(i) for i in range(3)), line(3, n=2)]))
+    async with Upstream() as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client([route]) as client:
+            first = await streamres.run_batch(client, requests, results)
+            again = await streamres.run_batch(client, requests, results)
+        want = {
+            f"a{i}": up.answer(
+                [{"role": "system", "content": "Be brief."}, {"role": "user", "content": _q(i)}]
+            )
+            for i in range(3)
+        }
+    assert (first.answered, first.failed, again.skipped) == (3, 1, 3)
+    parsed = [MessageBatchIndividualResponse.model_validate(r) for r in _records(results)]
+    done = {p.custom_id: p.result for p in parsed if p.result.type == "succeeded"}
+    assert sorted(done) == ["a0", "a1", "a2"]
+    for custom_id, result in done.items():
+        assert result.type == "succeeded"
+        block = result.message.content[0]
+        assert block.type == "text" and block.text == want[custom_id]
+        assert result.message.stop_reason == "end_turn" and result.message.usage.output_tokens > 0
+    refused = [p.result for p in parsed if p.custom_id == "a3"]
+    assert len(refused) == 2 and all(r.type == "errored" for r in refused)
+    assert refused[0].type == "errored" and refused[0].error.error.type == "invalid_request_error"
+
+
 async def test_an_interrupted_batch_finishes_exactly_the_missing_ids(tmp_path: Path) -> None:
     """Stopped after five answers (as Ctrl-C would), then run again: every id answered once,
     and the records are those of an uninterrupted run, line for line (sorted by id)."""
