@@ -24,6 +24,8 @@ REASONS = {
         "circuit_open": "All models are busy",
         "deadline": "Out of time",
         "rejected": "The request was refused",
+        "context_length": "Too long for the model's context window",
+        "client_busy": "This computer was too busy to hear the server in time",
     },
     "zh": {
         "capacity": "模型繁忙（容量已满）",
@@ -38,6 +40,8 @@ REASONS = {
         "circuit_open": "所有模型都很忙",
         "deadline": "超出时限",
         "rejected": "请求被拒绝",
+        "context_length": "对话超出了模型的上下文长度",
+        "client_busy": "本机太忙，没能及时收到服务器的回应",
     },
 }
 
@@ -47,6 +51,7 @@ TEXT: dict[str, dict[str, str]] = {
         "retry": "{reason} — retrying in {delay:.0f} s (attempt {attempt})",
         "resume": "{reason} after {tokens} tokens — resuming…",
         "fallback": "Many people are using {a} right now — switching you to {b}",
+        "fallback_because": "{a}: {reason} — switching you to {b}",
         "interrupted": "[stopped — the partial answer is kept]",
         "interrupted_empty": "[stopped — nothing had arrived yet]",
         "failed": "[failed: {error}]",
@@ -111,6 +116,7 @@ TEXT: dict[str, dict[str, str]] = {
         "retry": "{reason} — {delay:.0f} 秒后重试（第 {attempt} 次）",
         "resume": "{reason}（已收到 {tokens} 个 token）— 正在续传…",
         "fallback": "{a} 当前使用人数较多 — 正在为你切换到 {b}",
+        "fallback_because": "{a}：{reason} — 正在为你切换到 {b}",
         "interrupted": "[已停止 — 保留已收到的部分回答]",
         "interrupted_empty": "[已停止 — 尚未收到任何内容]",
         "failed": "[失败：{error}]",
@@ -255,4 +261,6 @@ def status_line(ev: Any, lang: str) -> str:
         return words(lang, "retry", reason=why, delay=ev.delay, attempt=ev.attempt)
     if ev.type == "resume":
         return words(lang, "resume", reason=why, tokens=ev.tokens_so_far)
-    return words(lang, "fallback", a=ev.from_model, b=ev.to_model)
+    if ev.reason in ("capacity", "rate_limit", "circuit_open"):
+        return words(lang, "fallback", a=ev.from_model, b=ev.to_model)
+    return words(lang, "fallback_because", a=ev.from_model, b=ev.to_model, reason=why)

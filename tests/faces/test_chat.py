@@ -171,6 +171,27 @@ def test_chinese_status_lines() -> None:
     assert "模型繁忙" in got.stderr and "续传" in got.stderr
 
 
+def test_a_chinese_fallback_line_says_why_in_chinese() -> None:
+    """A fallback for a reason other than load is not worded as "many people are using": a
+    context limit says the conversation is too long, in Chinese."""
+    from streamres import FallbackEvent
+    from streamres.chat.words import status_line
+
+    ev = FallbackEvent(
+        message="This conversation is too long for big — switching you to small",
+        attempt=2,
+        from_model="big",
+        to_model="small",
+        reason="context_length",
+    )
+    line = status_line(ev, "zh")
+    assert "上下文长度" in line and "使用人数较多" not in line and "small" in line
+    busy = FallbackEvent(
+        message="", attempt=2, from_model="big", to_model="small", reason="capacity"
+    )
+    assert "使用人数较多" in status_line(busy, "zh")
+
+
 @pytest.mark.parametrize(
     ("md", "ansi"),
     [
