@@ -160,6 +160,8 @@ class Answer:
         self.d = Delivery(opts.read_limits.answer, opts.max_tokens)
         self.history: list[Attempt] = []
         self.failures = [0] * len(opts.chain)
+        #: The chain has another model to go to (the header and first-output bounds apply).
+        self.has_fallback = len(set(opts.chain)) > 1
         #: Chain positions whose model refused this answer's request for its length.
         self.too_long = [False] * len(opts.chain)
         self.pos = 0
@@ -333,8 +335,10 @@ class Answer:
         return self._over(fail, now)
 
     def data(self, chunk: bytes, now: float) -> Action:
-        """Bytes of the event stream came. The per-token path: kept short."""
-        step_for(self.state, "data")
+        """Bytes of the event stream came. The per-token path: kept short (the table is asked
+        only when the state is not the one it allows)."""
+        if self.state is not State.READING:
+            step_for(self.state, "data")
         at = self.at
         assert at is not None
         assert at.sse is not None
@@ -624,7 +628,7 @@ class Answer:
         at.sse = SSEDecoder(max_line=opts.read_limits.line, max_event=opts.read_limits.event)
         at.started = now
         self.stall.first = opts.first_token_timeout
-        if len(set(opts.chain)) > 1:  # a fallback at hand: this model's own pace decides
+        if self.has_fallback:  # a fallback at hand: this model's own pace decides
             samples = self.fleet.states[at.index].stats.ttft
             self.stall.first = first_output_limit(samples, opts.first_token_timeout)
         self.stall.start(now)
@@ -1036,9 +1040,8 @@ class Answer:
         the route's (or the answer's) header bound — a server that accepts and sends nothing
         is left for the next model then (policy rule 6); alone, the first-output wait."""
         wait = self.stall.limit()
-        if len(set(self.opts.chain)) > 1:
-            bound = route.header_timeout or self.opts.header_timeout
-            wait = min(wait, bound)
+        if self.has_fallback:
+            wait = min(wait, route.header_timeout or self.opts.header_timeout)
         return wait
 
     def _replaying(self) -> bool:

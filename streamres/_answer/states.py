@@ -93,25 +93,9 @@ Fact = Literal[
     "read_failed",
 ]
 
-#: A step of the machine, run when a fact comes (the names of ``Answer``'s steps).
-Step = Literal[
-    "choose",
-    "woke_from_busy",
-    "ticket",
-    "slot",
-    "request",
-    "acquired",
-    "started",
-    "send_failed",
-    "probe_taken",
-    "body",
-    "data",
-    "eof",
-    "timed_out",
-    "read_failed",
-    "account",
-    "done",
-]
+#: A step of the machine, run when a fact comes: a fact handled by its own method, or one of
+#: the steps a wait resumes (``Answer._RESUME``).
+Step = Fact | Literal["choose", "woke_from_busy", "ticket", "slot", "request", "account", "done"]
 
 #: State × fact → the step that runs. A fact missing from its state's row is a bug in the
 #: shell (``ProtocolError``); DONE and FAILED take none.

@@ -39,11 +39,7 @@ def giving_up(decision: Decision, fail: Failure, model: str, attempt: int) -> tu
     """The error an answer gives up with, and its message."""
     cls = _GIVE_UP.get(decision.error, DeadlineExceeded)
     if cls is RequestRejected and fail.kind == "context_length":
-        whose = "every model of the chain" if "every model" in decision.why else "the model"
-        message = (
-            f"{model} refused the request ({fail.message}): it is longer than the context "
-            f"window of {whose}; not retried"
-        )
+        message = f"{model} refused the request ({fail.message}): {decision.why}; not retried"
     elif cls is RequestRejected:
         message = f"{model} refused the request ({fail.message}); not retried"
     elif cls is UpstreamUnreachable:

@@ -120,8 +120,9 @@ def decide(
             nxt = (model_index + step) % n
             if not (too_long[nxt] if nxt < len(too_long) else False):
                 return Decision("switch", model_index=nxt)
-        tried = "every model of the chain refused it" if n > 1 else failure.message
-        return Decision("give_up", error="rejected", why=f"the request is too long: {tried}")
+        whose = "every model of the chain" if n > 1 else "the model"
+        why = f"it is longer than the context window of {whose}"
+        return Decision("give_up", error="rejected", why=why)
     if failure.kind == "deadline" or time_left <= 0:
         return Decision("give_up", error="deadline", why=failure.message)
     if max_attempts is not None and attempt >= max_attempts:

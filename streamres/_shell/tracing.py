@@ -157,24 +157,30 @@ class _Meters:
     @classmethod
     def of(cls, setting: Any) -> _Meters | None:
         """``metrics=``: ``None`` (the global meter provider, when one is configured), a
-        ``MeterProvider``, or ``False``."""
+        ``MeterProvider``, or ``False``. The instruments are made once per provider: every
+        ``stream_resilient()`` call asks."""
         if setting is False:
             return None
         if setting is None:
-            if not installed("opentelemetry.metrics"):
+            if not otel_installed():
                 return None
             from opentelemetry import metrics
 
             provider = metrics.get_meter_provider()
             if type(provider).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider"):
                 return None  # nothing configured: nothing to record
-            return cls(provider.get_meter(_SCOPE, _version()))
+            return _meters_of(provider)
         if hasattr(setting, "get_meter"):
-            return cls(setting.get_meter(_SCOPE, _version()))
+            return _meters_of(setting)
         raise InvalidRequest(
             f"metrics must be None, False or a MeterProvider, not {setting!r:.60}",
             reason="invalid",
         )
+
+
+@functools.cache
+def _meters_of(provider: Any) -> _Meters:
+    return _Meters(provider.get_meter(_SCOPE, _version()))
 
 
 class AnswerTrace:

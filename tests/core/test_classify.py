@@ -66,6 +66,19 @@ def test_response_kinds(status: int, body: str, kind: str) -> None:
     assert classify_response(status, _headers(), body, now=NOW).kind == kind
 
 
+def test_a_real_llama_server_context_refusal_is_a_context_limit() -> None:
+    """Recorded from llama.cpp's ``llama-server`` (the source llama-cpp-python 0.3.36 vendors,
+    as ``.ci/run`` builds it; SmolLM2-135M-Instruct with ``-c 128``) asked with a 431-token
+    prompt: the refusal is a context limit, for the next model, not a permanent error."""
+    body = (
+        '{"error":{"code":400,"message":"request (431 tokens) exceeds the available context '
+        'size (256 tokens), try increasing it","type":"exceed_context_size_error",'
+        '"n_prompt_tokens":431,"n_ctx":256}}'
+    )
+    got = classify_response(400, httpx.Headers({"content-type": "application/json"}), body, now=0)
+    assert got.kind == "context_length" and "context size" in got.message
+
+
 def test_at_capacity_asks_to_switch_model() -> None:
     """'Selected model is at capacity' says: try another model now."""
     got = classify_response(
