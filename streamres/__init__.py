@@ -42,6 +42,7 @@ from streamres._core.semantic import Semantic
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
+from streamres._shell.answer_log import AnswerLog
 from streamres._shell.batch import BatchProgress, BatchSummary, run_batch
 from streamres._shell.client import Client
 from streamres._shell.shared import SharedStatus
@@ -50,6 +51,7 @@ from streamres._version import __version__ as __version__
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
+    "AnswerLog",
     "Attempt",
     "AttemptsExhausted",
     "Backoff",
@@ -86,4 +88,3 @@ __all__ = [
     "run_batch",
     "stream_resilient",
 ]
-

@@ -16,6 +16,7 @@ from tests.helpers.redis import RedisServer
 settings.register_profile("streamres", deadline=None)
 settings.load_profile("streamres")
 
+
 @pytest.fixture(scope="session", autouse=True)
 def _token_encoding_loaded() -> None:
     """Load the tiktoken encoding once up front (~0.2 s, once per process), so that no test's

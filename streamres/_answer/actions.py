@@ -28,7 +28,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Sleep until ``until``; with ``probing``, wake early when a model's state changes."""
@@ -116,5 +115,3 @@ class Fail:
 
 
 Action = Wait | Acquire | Reserve | Load | Count | Send | ReadBody | _Read | Finish | Fail
-
-

@@ -158,6 +158,9 @@ class Answer:
         self.read_deadline = 0.0
         #: What reached the caller, and its count.
         self.d = Delivery(opts.read_limits.answer, opts.max_tokens)
+        if opts.continue_from:  # the caller has it: delivered already, never sent again
+            self.d.add(opts.continue_from)
+            self.d.server_tokens = None
         self.history: list[Attempt] = []
         self.failures = [0] * len(opts.chain)
         #: The chain has another model to go to (the header and first-output bounds apply).

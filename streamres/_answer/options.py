@@ -72,6 +72,9 @@ class Options:
     priority: int = 0
     #: Seconds to wait for response headers when the chain has another model (``HEADERS``).
     header_timeout: float = HEADERS
+    #: Text the caller already has (``continue_from``): the answer starts as though it had
+    #: been delivered, and its first request asks for the rest.
+    continue_from: str = ""
 
 
 def resolve_route(route: Route) -> Route:
@@ -200,6 +203,7 @@ def check_options(
     first_token_timeout: Any = FIRST_OUTPUT,
     priority: Any = NORMAL,
     header_timeout: Any = HEADERS,
+    continue_from: Any = "",
 ) -> Options:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise _bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -231,6 +235,15 @@ def check_options(
         raise _bad(f"rng must be a random.Random, not {rng!r:.60}")
     if read_limits is not None and not isinstance(read_limits, ReadLimits):
         raise _bad(f"read_limits must be a streamres.ReadLimits(...), not {read_limits!r:.60}")
+    if not isinstance(continue_from, str):
+        raise _bad(f"continue_from must be a string, not {continue_from!r:.60}")
+    if continue_from and (
+        checked[-1]["role"] == "assistant" or not any(m["role"] == "user" for m in checked)
+    ):
+        raise _bad(
+            "continue_from continues an answer to the messages: they must end with the "
+            "user's turn, not an assistant message"
+        )
     extra = check_more(more)
     for i in dict.fromkeys(chain):  # refused before any request, not when a fallback comes
         route = fleet.routes[i]
@@ -256,6 +269,7 @@ def check_options(
         read_limits=read_limits or ReadLimits(),
         priority=_priority(priority),
         header_timeout=_seconds("header_timeout", header_timeout) or HEADERS,
+        continue_from=continue_from,
     )
 
 

@@ -146,4 +146,3 @@ def decoder_for(route: Route, opts: Options) -> StreamDecoder:
     if isinstance(decoder, _responses.ResponsesDecoder):
         decoder.custom_tools = _responses.custom_tool_names(opts.extra_body)
     return decoder
-

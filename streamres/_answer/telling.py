@@ -33,9 +33,9 @@ _GIVE_UP: dict[str, type[StreamError]] = {
 }
 
 
-def giving_up(decision: Decision, fail: Failure, model: str, attempt: int) -> tuple[
-    type[StreamError], str
-]:
+def giving_up(
+    decision: Decision, fail: Failure, model: str, attempt: int
+) -> tuple[type[StreamError], str]:
     """The error an answer gives up with, and its message."""
     cls = _GIVE_UP.get(decision.error, DeadlineExceeded)
     if cls is RequestRejected and fail.kind == "context_length":
@@ -67,9 +67,7 @@ def after_failure(
     """The event for a retry, a resume (text was delivered) or a switch to ``to_model``."""
     if decision.action == "switch":
         return FallbackEvent(
-            message=fallback_message(
-                model, to_model, "unreachable" if fail.connect else fail.kind
-            ),
+            message=fallback_message(model, to_model, "unreachable" if fail.connect else fail.kind),
             attempt=attempt + 1,
             from_model=model,
             to_model=to_model,

@@ -252,6 +252,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
         cache_scope: str | None = None,
         priority: int | str = NORMAL,
+        continue_from: str = "",
         **more: Any,
     ) -> ResilientStream:
         """Stream one answer. ``model``: a route name (then its fallbacks, unless
@@ -261,8 +262,10 @@ class Client:
         proxy scopes by client key. ``priority``: the answer's lane when its route's or
         account's slots are full — an integer, higher first, or ``"high"`` (10), ``"normal"``
         (0, the default), ``"low"`` (-10); a free slot goes to the highest waiting lane, first
-        come first served within one, across processes too with ``shared=``. Other arguments
-        as for :func:`stream_resilient`."""
+        come first served within one, across processes too with ``shared=``.
+        ``continue_from``: text of this answer the caller already has (see
+        :class:`~streamres.AnswerLog`): the rest is asked for, never cached or shared. Other
+        arguments as for :func:`stream_resilient`."""
         if self._http is None or self._limits is None:
             raise InvalidRequest(
                 "use the client inside `async with Client(...) as client:`", reason="invalid"
@@ -303,6 +306,7 @@ class Client:
             rng=self._rng,
             read_limits=self._read_limits,
             priority=priority,
+            continue_from=continue_from,
         )
         limits = self._limits
         # Streams spread over the client's pools (see POOLS), or the caller's own client.
@@ -317,7 +321,7 @@ class Client:
         def events(gen: AsyncIterator[Event]) -> ResilientStream:
             return ResilientStream(gen if trace is None else traced(gen, trace))
 
-        if self._flights is None:
+        if self._flights is None or opts.continue_from:
             return events(_run(opts, http, limits))
         routes = [self.fleet.routes[i].key for i in chain]
         params = {**more, "_headers": dict(headers or {}), "_scope": cache_scope}

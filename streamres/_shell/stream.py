@@ -159,6 +159,7 @@ def stream_resilient(
     tracing: Any = None,
     capture_content: bool = False,
     metrics: Any = None,
+    continue_from: str = "",
     **more: Any,
 ) -> ResilientStream:
     """Stream one answer, surviving capacity errors, drops, stalls and truncations.
@@ -167,7 +168,10 @@ def stream_resilient(
     also an async context manager: ``async with`` closes the HTTP response at once if the
     caller stops early. Extra keyword arguments (``temperature=``…) go into the request body.
     ``model`` may be a sequence of names: a fallback chain on the same server. For many
-    models, endpoints and shared limits, use :class:`streamres.Client`.
+    models, endpoints and shared limits, use :class:`streamres.Client`. ``continue_from``:
+    text of this answer the caller already has (an answer log's, after its process or
+    connection went): the model is asked for the rest, joined and de-duplicated as any resume;
+    the events carry only what is new, and the done event's text is the whole answer.
 
     >>> async def main():
     ...     async with stream_resilient(
@@ -204,6 +208,7 @@ def stream_resilient(
         more=more,
         rng=rng,
         read_limits=read_limits,
+        continue_from=continue_from,
     )
     tracer = Tracing(tracing, capture_content=capture_content, metrics=metrics)
     if not tracer.enabled:

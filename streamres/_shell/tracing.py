@@ -357,9 +357,7 @@ class AnswerTrace:
                 {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}
                 for c in ev.tool_calls
             ]
-            output = [
-                {"role": "assistant", "parts": parts, "finish_reason": ev.finish_reason}
-            ]
+            output = [{"role": "assistant", "parts": parts, "finish_reason": ev.finish_reason}]
             span.set_attribute("gen_ai.output.messages", json.dumps(output, ensure_ascii=False))
             if not self.tracing.latest_only:
                 span.add_event("gen_ai.content.completion", {"gen_ai.completion": ev.text})

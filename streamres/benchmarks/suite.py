@@ -5,6 +5,7 @@ is never the bottleneck; every consumer reads the same bytes from it over loopba
 are shared and noisy: each figure is a median of several runs, reported as a ratio to bare
 httpx-sse + json.loads measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -232,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwritten to {args.json}")
     exact = all(r["exact"] for r in report["recovery"])
     return 0 if exact and report["soak"]["exact_or_exact_partial"] == 1.0 else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,29 +5,41 @@ Endpoints, each in its API's own wire format, streaming and not:
     POST /v1/chat/completions   OpenAI Chat Completions
     POST /v1/messages           Anthropic Messages
     POST /v1/responses          OpenAI Responses
+    GET  /v1/answers/{id}/events   an answer's events again: after ``Last-Event-ID`` (or
+                                ``?after=N``; none: from the start), then live ones
+    GET  /v1/answers/{id}       where an answer stands (JSON)
+    POST /v1/answers/{id}/stop  stop an answer on purpose (its partial ends it)
+    GET  /v1/responses/{id}     a Responses API answer (``?stream=true&starting_after=N``)
+    POST /v1/responses/{id}/cancel   the Responses API's cancel
     GET  /v1/models             the model names a client may ask for
     GET  /metrics               Prometheus
     GET  /health                JSON: every model's health and why
     GET  /health/stream         the same, as server-sent events once a second
     GET  /                      the health board (a page that follows /health/stream)
+    GET  /chat                  a chat page that picks its answer up after a reload or a drop
 
 A streamed answer's response head is sent with its first content, so an answer that fails
 before any text can still be answered with a real status (503 and Retry-After for capacity,
 504 for the deadline) in the client's error format. After that, a failure is an in-band error
-event, after the partial answer. A client that disconnects cancels its answer at once, which
-closes the upstream stream.
+event, after the partial answer.
+
+A streamed answer outlives its connection (``held``): its events carry ids, the response names
+it (``x-streamres-answer``, and the id each API's body carries), and a client that comes back
+reads it on from where it was. A client that goes leaves its answer running for ``[answers]
+hold`` seconds; then the upstream is closed and the partial kept, to be continued if the client
+comes back within ``keep``. Answers that are not streamed (and not ``background``) are produced
+inside their request, as before: a client that goes closes the upstream at once.
 """
 
 from __future__ import annotations
 
 import base64
 import collections
-import contextlib
 import hmac
 import inspect
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +54,11 @@ from streamres._shell.apps import (
     parse_priority,
 )
 from streamres.proxy.board import BOARD_HTML
+from streamres.proxy.chat_page import CHAT_HTML
 from streamres.proxy.config import ClientKey, Config, ServerLimits
+from streamres.proxy.held import Answers, Held, within
 from streamres.proxy.inbound import API, BadRequest, Call, parse
-from streamres.proxy.outbound import Writer, error_body
+from streamres.proxy.outbound import PREFIXES, Writer, error_body
 from streamres.proxy.quota import FleetQuota
 
 __all__ = ["Proxy"]
@@ -83,20 +97,6 @@ def _caller_trace(headers: dict[str, str]) -> Any:
     from opentelemetry import propagate
 
     return propagate.extract(headers)
-
-
-@contextlib.contextmanager
-def _within(context: Any) -> Iterator[None]:
-    if context is None:
-        yield
-        return
-    from opentelemetry import context as otel_context
-
-    token = otel_context.attach(context)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
 
 
 def _priority(headers: dict[str, str], state: _ClientState | None) -> int:
@@ -141,16 +141,21 @@ class Proxy:
         self.requests: collections.deque[list[Any]] = collections.deque(maxlen=REQUESTS_KEPT)
         self._metrics: Any = None
         self._quota: FleetQuota | None = None
+        #: Streamed answers, held for readers that go and come back (``held``).
+        self.answers = Answers(client, config.answers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+        if scope["type"] == "lifespan":  # served on its own: answers live as long as it
+            async with self.answers.run():
+                await _lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
         if method == "POST" and path in _APIS:
             await self._answer(_APIS[path], scope, receive, send)
+        elif path.startswith(("/v1/answers/", "/v1/responses/")):
+            await self._again(scope, receive, send)
         elif method == "GET" and path == "/v1/models":
             await _json(send, 200, self._models())
         elif method == "GET" and path in _OPERATOR_PAGES and not self._operator(scope):
@@ -172,6 +177,8 @@ class Proxy:
             await self._prometheus(send)
         elif method == "GET" and path == "/":
             await _respond(send, 200, BOARD_HTML.encode(), "text/html; charset=utf-8")
+        elif method == "GET" and path == "/chat":
+            await _respond(send, 200, CHAT_HTML.encode(), "text/html; charset=utf-8")
         else:
             await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
 
@@ -243,7 +250,10 @@ class Proxy:
             # unless the operator says so.
             tenant = state.key.name if state and not self.config.cache_shared else None
             parent = _caller_trace(headers)
-            await self._run(call, chain, writer, receive, send, served, tenant, priority, parent)
+            owner = state.key.name if state is not None else None
+            await self._run(
+                call, chain, writer, receive, send, served, tenant, priority, parent, owner
+            )
         finally:
             if state is not None:
                 if lease is not None and self._quota is not None:
@@ -317,14 +327,26 @@ class Proxy:
         tenant: str | None,
         priority: int,
         parent: Any = None,
+        owner: str | None = None,
     ) -> None:
         """Stream (or collect) the answer; ``served[2]``: the HTTP status sent; ``tenant``: the
         client key whose answers it may share; ``priority``: its lane for slots; ``parent``:
-        the caller's trace context (its ``traceparent``), which the answer's span continues."""
+        the caller's trace context (its ``traceparent``), which the answer's span continues;
+        ``owner``: the client key's name, the only one that may read the answer again."""
         kwargs: dict[str, Any] = dict(call.params)
         kwargs["priority"] = priority
         if call.max_tokens is not None:
             kwargs["max_tokens"] = call.max_tokens
+        if call.stream or call.background:
+            deadline_at = anyio.current_time() + self.config.deadline
+            held = Held(writer, call, owner, chain, kwargs, tenant, deadline_at, parent)
+            self.answers.start(held)
+            if not call.stream:  # background: the answer runs; it is read later
+                served[2] = 200
+                await _json(send, 200, held.snapshot())
+                return
+            await self._read(held, -1, receive, send, served)
+            return
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
             try:
@@ -336,6 +358,118 @@ class Proxy:
                 raise
             finally:
                 tg.cancel_scope.cancel()
+
+    async def _read(
+        self, held: Held, after: int, receive: Receive, send: Send, served: list[Any]
+    ) -> None:
+        """Send ``held``'s events after number ``after``, then each new one, to its end: the
+        response head with the first of them (so an answer that fails before any text is
+        still answered with a real status). The client going ends the reading, not the
+        answer (``held``)."""
+        head = [(b"x-streamres-answer", held.id.encode())]
+        answers = self.answers
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
+            with answers.reading(held):
+                if not held.producing and not held.log.ended and answers.tasks is None:
+                    tg.start_soon(answers.produce_here, held)  # no task group: made here
+                try:
+                    async for data in answers.follow(held, after):
+                        if not served[2]:
+                            served[2] = 200
+                            await _start(send, 200, "text/event-stream", head)
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                    if served[2]:
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    else:  # it failed before any text
+                        exc = held.log.error or streamres.StreamError("the answer failed")
+                        status, retry = _status_of(exc)
+                        served[2] = status
+                        await _error(send, held.call.api, status, str(exc), retry)
+                except anyio.get_cancelled_exc_class():
+                    if not tg.cancel_scope.cancel_called:  # the server stops: the client is here
+                        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                            await self._stopping(held.call, held.writer, send, served)
+                    raise
+                finally:
+                    tg.cancel_scope.cancel()
+
+    async def _again(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An answer asked for again: read on, where it stands, stopped (``held``)."""
+        path, method = scope["path"], scope["method"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        query = _query(scope)
+        responses = path.startswith("/v1/responses/")
+        rest = path.removeprefix("/v1/responses/" if responses else "/v1/answers/")
+        answer_id, _, action = rest.partition("/")
+        api: API = "responses" if responses else _api_of(answer_id)
+        verbs = (
+            {("GET", ""): "read", ("POST", "cancel"): "stop"}
+            if responses
+            else {("GET", "events"): "events", ("GET", ""): "state", ("POST", "stop"): "stop"}
+        )
+        verb = verbs.get((method, action))
+        if verb is None:
+            await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
+            return
+        try:
+            owner = self._reader(headers)
+        except _Refused as exc:
+            await _error(send, api, exc.status, exc.message, exc.retry_after)
+            return
+        held = self.answers.find(answer_id, owner) or await self.answers.find_shared(
+            answer_id, owner
+        )
+        if held is None or (responses and held.call.api != "responses"):
+            message = (
+                "no such answer here: it never was, it is another key's, or it ended over "
+                f"{self.config.answers.keep:g} s ago and was forgotten"
+            )
+            await _error(send, api, 404, message, None, "answer_not_found")
+            return
+        if verb == "stop":
+            await self.answers.stop(held)
+            if responses:
+                await _json(send, 200, held.snapshot())
+            else:
+                await _json(send, 200, _state(held))
+            return
+        if verb == "state" or (verb == "read" and query.get("stream") != "true"):
+            await _json(send, 200, held.snapshot() if responses else _state(held))
+            return
+        try:
+            name, after = _after(
+                query.get("starting_after") if responses else None,
+                headers.get("last-event-id") or query.get("after"),
+            )
+            if after > held.last_number and held.shadow:
+                # Read from another process's log, which may be a batch behind what that
+                # process sent: a moment for it to come.
+                with anyio.move_on_after(2.0):
+                    while after > held.last_number and not held.log.ended:
+                        await held.log.changed(len(held.log.events))
+            if after > held.last_number:
+                raise _Refused(
+                    400,
+                    f"{name} {after} is past this answer's last event ({held.last_number}): "
+                    "its numbers come from the answer's own events",
+                )
+        except _Refused as exc:
+            await _error(send, api, exc.status, exc.message, None)
+            return
+        await self._read(held, after, receive, send, [scope["path"], held.call.model, 0])
+
+    def _reader(self, headers: dict[str, str]) -> str | None:
+        """Whose answers this request may read: its client key's name (``None`` without
+        keys); a missing or wrong key is refused, as for a new answer."""
+        if not self.clients:
+            return None
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        given = headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
+        for c in self.clients:
+            if hmac.compare_digest(c.key.key.encode(), given.encode()):
+                return c.key.name
+        raise _Refused(401, "invalid API key: give one of the proxy's client keys")
 
     async def _stopping(self, call: Call, writer: Writer, send: Send, served: list[Any]) -> None:
         """The proxy is stopping and this answer's grace ran out: say so, after the partial
@@ -378,7 +512,7 @@ class Proxy:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
         try:
-            with _within(parent):  # the answer's span, if traced, is the caller's child
+            with within(parent):  # the answer's span, if traced, is the caller's child
                 answer = self.client.stream(
                     call.messages, model=chain, cache_scope=tenant, **kwargs
                 )
@@ -492,6 +626,45 @@ class Proxy:
         await _respond(send, 200, body, "text/plain; version=0.0.4; charset=utf-8")
 
 
+def _api_of(answer_id: str) -> API:
+    """The API an answer's id was made in (its prefix)."""
+    for api, prefix in PREFIXES.items():
+        if answer_id.startswith(prefix):
+            return api  # type: ignore[return-value]
+    return "openai"
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    from urllib.parse import parse_qsl
+
+    raw = scope.get("query_string", b"").decode("latin-1")
+    return dict(parse_qsl(raw, keep_blank_values=True))
+
+
+def _after(starting_after: str | None, last_event_id: str | None) -> tuple[str, int]:
+    """The number of the last event the reader has (-1: none), and what named it."""
+    given = starting_after if starting_after is not None else last_event_id
+    name = "starting_after" if starting_after is not None else "Last-Event-ID"
+    if given is None or given == "":
+        return name, -1
+    if not given.isascii() or not given.isdigit() or len(given) > 12:
+        raise _Refused(400, f"{name} must be an event number this answer sent, not {given[:40]!r}")
+    return name, int(given)
+
+
+def _state(held: Held) -> dict[str, Any]:
+    """Where an answer stands, for ``GET /v1/answers/{id}``."""
+    return {
+        "id": held.id,
+        "object": "streamres.answer",
+        "model": held.writer.model,
+        "status": held.status,
+        "parked": held.parked,
+        "last_event_id": held.last_number,
+        "text": held.log.text,
+    }
+
+
 def _status_of(exc: streamres.StreamError) -> tuple[int, float | None]:
     """The HTTP status for an answer that failed before any text, and a Retry-After."""
     if isinstance(exc, streamres.InvalidRequest):
@@ -585,9 +758,15 @@ async def _json(send: Send, status: int, obj: Any) -> None:
 
 
 async def _error(
-    send: Send, api: API, status: int, message: str, retry_after: float | None
+    send: Send,
+    api: API,
+    status: int,
+    message: str,
+    retry_after: float | None,
+    code: str | None = None,
 ) -> None:
     extra = []
     if retry_after is not None:
         extra.append((b"retry-after", str(max(1, round(retry_after))).encode()))
-    await _respond(send, status, error_body(api, status, message), "application/json", extra)
+    body = error_body(api, status, message, code)
+    await _respond(send, status, body, "application/json", extra)

@@ -50,6 +50,11 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     grace = 10                # seconds answers in flight get when the proxy stops
     half_close = false        # true: a client that shuts its sending side still gets its answer
 
+    [answers]                 # answers that outlive their connection (see the README)
+    hold = 20                 # seconds an answer keeps running for a reader that went
+    keep = 600                # seconds an ended (or parked) answer is kept to be read again
+    max_answers = 10000       # answers held at once; past it, the longest-ended go first
+
     [[clients]]               # without any, the proxy takes no key (it listens on loopback)
     name = "ui"
     key_env = "STREAMRES_UI_KEY"
@@ -81,7 +86,7 @@ from streamres._shell.apps import (
     parse_priority,
 )
 
-__all__ = ["ClientKey", "Config", "ConfigError", "ServerLimits", "load"]
+__all__ = ["ClientKey", "Config", "ConfigError", "HoldLimits", "ServerLimits", "load"]
 
 
 class ConfigError(ValueError):
@@ -143,6 +148,27 @@ class ServerLimits:
                 raise ValueError(f"server.{name} must be a number of seconds > 0, not {value!r}")
 
 
+@dataclass(frozen=True)
+class HoldLimits:
+    """``[answers]`` in ``routes.toml``: how long an answer keeps running for a reader that
+    went (``hold``, seconds; 0 closes the upstream at once, the partial still kept for a
+    resume), how long an ended or parked answer is kept to be read again (``keep``), and how
+    many answers are held at once (``max_answers``)."""
+
+    hold: float = 20.0
+    keep: float = 600.0
+    max_answers: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name in ("hold", "keep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"answers.{name} must be a number of seconds >= 0, not {value!r}")
+        m = self.max_answers
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"answers.max_answers must be an integer >= 1, not {m!r}")
+
+
 @dataclass
 class Config:
     routes: list[streamres.Route]
@@ -173,6 +199,8 @@ class Config:
     public_health: bool = False
     #: The proxy's limits as a server (``[server]``).
     server: ServerLimits = field(default_factory=ServerLimits)
+    #: Answers held for readers that go and come back (``[answers]``).
+    answers: HoldLimits = field(default_factory=HoldLimits)
 
     def client_options(self) -> dict[str, Any]:
         """What this configuration says of a ``Client``: its routes, account limits and
@@ -205,7 +233,17 @@ _ROUTE_KEYS = {
 }
 
 #: The tables of ``routes.toml`` and the keys of each (``routes`` is checked per route).
-_TABLES = ("policy", "routes", "models", "accounts", "cache", "server", "clients", "operator")
+_TABLES = (
+    "policy",
+    "routes",
+    "models",
+    "accounts",
+    "cache",
+    "server",
+    "answers",
+    "clients",
+    "operator",
+)
 _POLICY_KEYS = (
     "deadline",
     "stall_timeout",
@@ -277,6 +315,7 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     _known("[policy]: ", raw.get("policy"), _POLICY_KEYS)
     _known("[operator]: ", raw.get("operator"), _OPERATOR_KEYS)
     _known("[server]: ", raw.get("server"), [f.name for f in dataclasses.fields(ServerLimits)])
+    _known("[answers]: ", raw.get("answers"), [f.name for f in dataclasses.fields(HoldLimits)])
     for i, c in enumerate(raw.get("clients") or []):
         _known(f"clients[{i}]: ", c, _CLIENT_KEYS)
     routes = [_route(i, r, environ) for i, r in enumerate(raw.get("routes") or [])]
@@ -358,6 +397,13 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         limits = ServerLimits(**server)
     except ValueError as exc:
         raise ConfigError(f"[server]: {exc}") from None
+    answers = raw.get("answers") or {}
+    if not isinstance(answers, Mapping):
+        raise ConfigError("[answers]: a table (hold, keep, max_answers; see the README)")
+    try:
+        held = HoldLimits(**answers)
+    except ValueError as exc:
+        raise ConfigError(f"[answers]: {exc}") from None
     policy = raw.get("policy") or {}
     stall = policy.get("stall_timeout", 0)
     answer = policy.get("max_answer_chars", ANSWER)
@@ -384,4 +430,5 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         operator_key=operator_key,
         public_health=public,
         server=limits,
+        answers=held,
     )

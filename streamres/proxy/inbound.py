@@ -24,7 +24,9 @@ _READ: dict[str, frozenset[str]] = {
         {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens"}
     ),
     "anthropic": frozenset({"model", "messages", "system", "stream", "max_tokens"}),
-    "responses": frozenset({"model", "input", "instructions", "stream", "max_output_tokens"}),
+    "responses": frozenset(
+        {"model", "input", "instructions", "stream", "max_output_tokens", "background"}
+    ),
 }
 
 #: Fields that name state kept on one server: an answer that falls back or resumes elsewhere
@@ -55,6 +57,8 @@ class Call:
     params: dict[str, Any] = field(default_factory=dict)
     #: OpenAI ``stream_options.include_usage``: a final usage chunk for the client.
     include_usage: bool = False
+    #: The Responses API's ``background``: the answer runs whether or not anyone reads it.
+    background: bool = False
 
 
 def parse(api: API, raw: bytes) -> Call:
@@ -113,11 +117,17 @@ def _parse(api: API, raw: bytes) -> Call:
             raise BadRequest(
                 f"stream_options.include_usage must be true or false, not {usage!r:.40}"
             )
+    background = body.get("background", False) if api == "responses" else False
+    if not isinstance(background, bool):
+        raise BadRequest(f"background must be true or false, not {background!r:.40}")
+    if background and body.get("store") is False:
+        raise BadRequest("background responses are kept to be read later: store must be true")
     return Call(
         api=api,
         model=model,
         messages=messages,
         stream=bool(stream),
+        background=background,
         max_tokens=max_tokens,
         params=params,
         include_usage=isinstance(options, Mapping) and bool(options.get("include_usage")),

@@ -3,21 +3,29 @@
 One :class:`Writer` per response. The client sees one uninterrupted stream in its own format
 — OpenAI chat completion chunks, Anthropic message events, or Responses API events — whatever
 provider served it and however many attempts it took. Recovery status goes out as SSE
-comments (``: streamres …``), which every SSE client ignores; a client that asks for them
+comments (``: streamres …``, in the block of the event after it), which every SSE client
+ignores; a client that asks for them
 (``x-streamres-status: events``) gets them as ``event: streamres.status`` events instead.
+
+Every event carries an ``id:``, numbered from 0 in the order written (in the Responses API the
+same number is its ``sequence_number``): a reader that reconnects with ``Last-Event-ID`` gets
+exactly the events after it (``held``).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
-import uuid
 from typing import Any
 
 from streamres import DoneEvent, StreamError, ToolCallEvent
 from streamres.proxy.inbound import API, Call
 
-__all__ = ["Writer", "error_body"]
+__all__ = ["PREFIXES", "Writer", "error_body"]
+
+#: The id of an answer in each API starts so; the rest is the answer's own (``Writer.answer``).
+PREFIXES = {"openai": "chatcmpl-", "anthropic": "msg_", "responses": "resp_"}
 
 _ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _ERROR_TYPES = {
@@ -34,9 +42,11 @@ def _dump(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def error_body(api: API, status: int, message: str) -> bytes:
-    """An error response body in the client's own API's shape."""
-    kind, code = _ERROR_TYPES.get(status, ("api_error", "api_error"))
+def error_body(api: API, status: int, message: str, code: str | None = None) -> bytes:
+    """An error response body in the client's own API's shape (``code``: OpenAI's, when not
+    the status's usual one)."""
+    kind, usual = _ERROR_TYPES.get(status, ("api_error", "api_error"))
+    code = code or usual
     if api == "anthropic":
         return _dump({"type": "error", "error": {"type": kind, "message": message}})
     kind = "invalid_request_error" if status in (400, 404) else kind
@@ -53,17 +63,22 @@ class Writer:
     """Encodes one answer's events for the client."""
 
     def __init__(
-        self, call: Call, *, model: str | None = None, status_events: bool = False
+        self,
+        call: Call,
+        *,
+        model: str | None = None,
+        status_events: bool = False,
+        answer: str | None = None,
+        created: int | None = None,
     ) -> None:
         self.call = call
         self.api = call.api
         self.status_events = status_events
-        self.id = {
-            "openai": "chatcmpl-",
-            "anthropic": "msg_",
-            "responses": "resp_",
-        }[call.api] + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
+        #: The answer's id in its API's shape; ``answer``: its unguessable part (by default,
+        #: 128 random bits), by which a reader finds the answer again.
+        self.answer = answer or secrets.token_hex(16)
+        self.id = PREFIXES[call.api] + self.answer
+        self.created = int(time.time()) if created is None else created
         #: The model answering, as every chunk names it: the first of the chain, then the
         #: one each retry, resume or fallback goes to, and at the end the done event's.
         self.model = model or call.model
@@ -73,12 +88,20 @@ class Writer:
         self._text: list[str] = []
         self._items: list[dict[str, Any]] = []  # Responses: output items done so far
         self._calls = 0
+        #: Comments wait for the next event, in whose block they go: an SDK's SSE decoder
+        #: (the official openai and anthropic ones) takes a comment-only block after an
+        #: ``id:`` for an event with no data, and fails on it.
+        self._comments: list[str] = []
 
     # -- SSE framing ---------------------------------------------------------------------
 
     def _sse(self, event: str | None, obj: Any) -> bytes:
-        head = f"event: {event}\n".encode() if event else b""
-        return head + b"data: " + _dump(obj) + b"\n\n"
+        head = (
+            "".join(self._comments) + f"id: {self._seq}\n" + (f"event: {event}\n" if event else "")
+        )
+        self._comments.clear()
+        self._seq += 1
+        return head.encode() + b"data: " + (obj if isinstance(obj, bytes) else _dump(obj)) + b"\n\n"
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return self._sse(
@@ -93,9 +116,7 @@ class Writer:
         )
 
     def _resp(self, kind: str, **fields: Any) -> bytes:
-        obj = {"type": kind, "sequence_number": self._seq, **fields}
-        self._seq += 1
-        return self._sse(kind, obj)
+        return self._sse(kind, {"type": kind, "sequence_number": self._seq, **fields})
 
     def _response(self, status: str, **extra: Any) -> dict[str, Any]:
         return {
@@ -265,7 +286,7 @@ class Writer:
         out = self._responses_close_text()
         idx = len(self._items)
         item = {
-            "id": f"fc_{uuid.uuid4().hex[:24]}",
+            "id": f"fc_{self.answer}_{index}",
             "type": "function_call",
             "status": "in_progress",
             "call_id": ev.id,
@@ -292,19 +313,23 @@ class Writer:
             + self._resp("response.output_item.done", output_index=idx, item=done)
         )
 
+    def moved(self, ev: Any) -> None:
+        """A retry, resume or fallback names the model the answer goes to: chunks name it."""
+        self.model = ev.to_model if ev.type == "fallback" else ev.model
+
     def status(self, ev: Any) -> bytes:
         """A retry, resume or fallback: an SSE comment every client ignores, or an event."""
         fields = {"type": ev.type, "reason": ev.reason, "attempt": ev.attempt}
         if ev.type == "fallback":
             fields.update(from_model=ev.from_model, to_model=ev.to_model)
-            self.model = ev.to_model
         else:
             fields.update(delay=round(ev.delay, 3), model=ev.model)
-            self.model = ev.model
+        self.moved(ev)
         if self.status_events:
             return self._sse("streamres.status", {**fields, "message": ev.message})
         words = " ".join(f"{k}={v}" for k, v in fields.items())
-        return f": streamres {words}\n\n".encode()
+        self._comments.append(f": streamres {words}\n")
+        return b""
 
     def done(self, done: DoneEvent) -> bytes:
         return self._joined(done) + self._done(done)
@@ -319,7 +344,8 @@ class Writer:
         if self.status_events:
             return self._sse("streamres.done", {**fields, "complete": done.complete})
         words = " ".join(f"{k}={v}" for k, v in fields.items())
-        return f": streamres {words}\n\n".encode()
+        self._comments.append(f": streamres {words}\n")
+        return b""
 
     def _done(self, done: DoneEvent) -> bytes:
         self.model = done.model
@@ -344,7 +370,7 @@ class Writer:
                         },
                     },
                 )
-            return tail + b"data: [DONE]\n\n"
+            return tail + self._sse(None, b"[DONE]")
         if self.api == "anthropic":
             stop = _ANTHROPIC_STOP.get(finish, finish)
             return (
@@ -385,6 +411,54 @@ class Writer:
             "failed", usage=None, error={"code": "server_error", "message": message}
         )
         return self._responses_close_text() + self._resp("response.failed", response=response)
+
+    def stopped(self) -> bytes:
+        """The answer was stopped on purpose (a person pressed Stop; ``POST …/stop`` or the
+        Responses API's ``cancel``): the partial answer ends as a finished one, after a
+        ``streamres stopped`` comment (an event when asked). The Responses API has no such
+        event: its stream ends, and the response's status is ``cancelled``."""
+        mark = b""
+        if self.status_events:
+            mark = self._sse("streamres.stopped", {"type": "stopped"})
+        else:
+            self._comments.append(": streamres stopped\n")
+        if self.api == "openai":
+            return mark + self._chunk({}, "stop") + self._sse(None, b"[DONE]")
+        if self.api == "anthropic":
+            return (
+                mark
+                + self._anthropic_close()
+                + self._sse(
+                    "message_delta",
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                        "usage": {"output_tokens": 0},
+                    },
+                )
+                + self._sse("message_stop", {"type": "message_stop"})
+            )
+        return mark
+
+    def snapshot(self, status: str, error: StreamError | None = None) -> dict[str, Any]:
+        """The Responses API's response object as it stands (``GET /v1/responses/{id}``):
+        the output so far, the text in progress as its own message item."""
+        items = list(self._items)
+        if self._block_kind == "text":
+            text = "".join(self._text)
+            items.append(
+                {
+                    "id": self._message_id(),
+                    "type": "message",
+                    "status": "in_progress",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            )
+        extra: dict[str, Any] = {"usage": None, "background": self.call.background}
+        if error is not None:
+            extra["error"] = {"code": "server_error", "message": str(error)}
+        return {**self._response(status, **extra), "output": items}
 
     # -- not streamed --------------------------------------------------------------------
 
@@ -447,10 +521,10 @@ class Writer:
         if done.text:
             self._block_kind = "text"
             self._responses_close_text()
-        for c in calls:
+        for i, c in enumerate(calls):
             self._items.append(
                 {
-                    "id": f"fc_{uuid.uuid4().hex[:24]}",
+                    "id": f"fc_{self.answer}_{i}",
                     "type": "function_call",
                     "status": "completed",
                     "call_id": c.id,

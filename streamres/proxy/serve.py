@@ -24,7 +24,7 @@ import anyio
 import streamres
 from streamres._shell.apps import log, redact_url, require
 from streamres.proxy.app import Proxy
-from streamres.proxy.config import Config, ServerLimits, load
+from streamres.proxy.config import Config, HoldLimits, ServerLimits, load
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
 
 __all__ = ["Running", "embedded_config", "embedded_models", "require_server", "running", "serve"]
@@ -80,7 +80,9 @@ async def _proxy_app(config: Config, redis: str | None) -> AsyncIterator[Proxy]:
     ) as client:
         for route in config.routes:  # token counts are never loaded on an answer's path
             await load_counter(route.model)
-        yield Proxy(client, config)
+        proxy = Proxy(client, config)
+        async with proxy.answers.run():  # streamed answers outlive their requests
+            yield proxy
 
 
 class WorkerApp:
@@ -240,10 +242,12 @@ async def running(
     token_delay: float = 0.02,
     server: str = "uvicorn",
     redis: str | None = None,
+    answers: HoldLimits | None = None,
 ) -> AsyncIterator[Running]:
     """The proxy serving in this event loop until the block ends (tests, embedding).
     ``server``: "uvicorn" (the default, measured faster) or "hypercorn"; ``redis``: share
-    limits and model state with other proxies (and workers) through it."""
+    limits and model state with other proxies (and workers) through it; ``answers``: how
+    answers are held for readers that go (``[answers]``; by default the config's)."""
     require_server(server)
     models = embedded_models(faults) if config is None else {}
     async with contextlib.AsyncExitStack() as stack:
@@ -253,6 +257,8 @@ async def running(
                 Upstream(models=models, token_delay=token_delay, ping_interval=0.5)
             )
             config = embedded_config(up)
+        if answers is not None:
+            config = dataclasses.replace(config, answers=answers)
         app = await stack.enter_async_context(_proxy_app(config, redis))
         limits = _open_files(config.server)
         runner = (

@@ -418,7 +418,9 @@ def test_a_finished_turn_hands_over_arguments_that_are_not_json_as_the_model_wro
 def test_a_call_cut_off_mid_stream_is_asked_again() -> None:
     """A stream that really broke inside a call (no finish reason, the connection gone): no
     call is passed on, and the turn is asked again."""
-    calls = [{"index": 0, "id": "b", "type": "function", "function": {"name": "g", "arguments": '{"a'}}]
+    calls = [
+        {"index": 0, "id": "b", "type": "function", "function": {"name": "g", "arguments": '{"a'}}
+    ]
     cut = sse({"choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]})
     run = drive(answer(), [Plan(reads=[(0.01, cut), (0.01, None)])])
     assert run.of(RetryEvent) and len(run.requests) == 2

@@ -365,7 +365,7 @@ def test_a_finished_turn_hands_over_arguments_that_do_not_parse_as_sent() -> Non
     )
     decode(dec, body)
     assert dec.end_failure() is None
-    (kind, calls), = dec.side
+    ((kind, calls),) = dec.side
     assert kind == "tool_calls" and [(c.name, c.arguments) for c in calls] == [
         ("write_file", '{"pa')
     ]

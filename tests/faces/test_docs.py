@@ -31,13 +31,17 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(python|sh)\n(.*?)^```$", re.S | re.M)
 DEFAULT_SERVERS = ("streamres serve --port 8765 --faults light &", "streamres proxy --port 8787 &")
 PORTS = ("8765", "8787")
-EXTRAS = set(tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"][
-    "optional-dependencies"
-])
+EXTRAS = set(
+    tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["optional-dependencies"]
+)
 
 
 def _blocks() -> list[tuple[Path, str, str]]:
-    return [(doc, kind, code) for doc in DOCUMENTS for kind, code in FENCE.findall(doc.read_text("utf-8"))]
+    return [
+        (doc, kind, code)
+        for doc in DOCUMENTS
+        for kind, code in FENCE.findall(doc.read_text("utf-8"))
+    ]
 
 
 BLOCKS = _blocks()

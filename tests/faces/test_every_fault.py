@@ -81,7 +81,13 @@ def _chain_config(up: Upstream) -> Any:
     return parse(
         {
             "routes": [
-                {"name": "big", "model": "big", "base_url": up.openai_url, "family": "f", "size": 2},
+                {
+                    "name": "big",
+                    "model": "big",
+                    "base_url": up.openai_url,
+                    "family": "f",
+                    "size": 2,
+                },
                 {"name": "small", "model": "small", "base_url": up.openai_url, "family": "f"},
             ],
             "models": {"chat": ["big", "small"]},
@@ -109,7 +115,9 @@ async def test_the_proxy_names_the_model_that_answered(stream: bool) -> None:
                     chunks = [
                         c
                         async for c in await sdk.chat.completions.create(
-                            model="chat", messages=USER, stream=True  # type: ignore[arg-type]
+                            model="chat",
+                            messages=USER,
+                            stream=True,  # type: ignore[arg-type]
                         )
                     ]
                     names = {c.model for c in chunks}
@@ -248,7 +256,9 @@ async def test_the_proxy_leaves_a_silent_route_for_the_next_within_its_header_bo
     assert whole.model == "small" and len(silent.requests) == 1
 
 
-async def test_a_wait_for_a_busy_fleet_ends_when_a_model_comes_back(redis_server: RedisServer) -> None:
+async def test_a_wait_for_a_busy_fleet_ends_when_a_model_comes_back(
+    redis_server: RedisServer,
+) -> None:
     """Every model of the chain refused for a minute (another process's breakers, shared
     through Redis): the answer waits — and when another process says one recovered, it goes
     at once, not at the end of the minute (a batch once sat silent 58 s while both breakers

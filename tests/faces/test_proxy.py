@@ -21,7 +21,7 @@ import structlog
 
 import streamres
 from streamres.proxy import Config, ConfigError, running
-from streamres.proxy.config import parse
+from streamres.proxy.config import HoldLimits, parse
 from streamres.upstream import FaultPlan, ModelSpec, Upstream, split_tokens
 
 pytestmark = pytest.mark.anyio
@@ -369,8 +369,10 @@ async def test_health_and_metrics_are_the_operators_once_client_keys_are_set() -
 
 
 async def test_a_client_that_goes_away_closes_the_upstream_stream() -> None:
-    """Closing the client's stream mid-answer: the upstream sees its stream end at once."""
-    async with running(port=0, faults="none", token_delay=0.05) as run:
+    """Closing the client's stream mid-answer, with no hold (``[answers] hold = 0``): the
+    upstream sees its stream end at once."""
+    no_hold = HoldLimits(hold=0)
+    async with running(port=0, faults="none", token_delay=0.05, answers=no_hold) as run:
         assert run.upstream is not None
         sdk = oai(base_url=run.url + "/v1", api_key="k")
         stream = await sdk.chat.completions.create(model="demo", messages=Q, stream=True)

@@ -8,6 +8,7 @@ import streamres
 
 PUBLIC = {
     "CONTINUE_INSTRUCTION",
+    "AnswerLog",
     "Attempt",
     "AttemptsExhausted",
     "Backoff",

@@ -12,7 +12,6 @@ FAST = streamres.Backoff(initial=0.01, multiplier=2.0, maximum=0.05)
 USER = [{"role": "user", "content": "Explain TCP slow start."}]
 
 
-
 async def collect(stream: streamres.ResilientStream) -> tuple[str, list[Any], streamres.DoneEvent]:
     """Drain a stream: (text from text events, every event, the done event)."""
     text = ""

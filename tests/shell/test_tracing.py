@@ -237,7 +237,9 @@ async def test_the_conventions_current_names_and_the_failed_attempts_error_type(
     assert a["gen_ai.provider.name"] == "openai" and "gen_ai.system" not in a
     failed = next(s for s in finished if s.name == "attempt 1 m")
     assert dict(failed.attributes or {})["error.type"] == "connection"
-    assert "error.type" not in dict(next(s for s in finished if s.name == "attempt 2 m").attributes or {})
+    assert "error.type" not in dict(
+        next(s for s in finished if s.name == "attempt 2 m").attributes or {}
+    )
     (said,) = json.loads(str(a["gen_ai.input.messages"]))
     assert said["role"] == "user" and said["parts"][0]["content"] == Q[0]["content"]
     (out,) = json.loads(str(a["gen_ai.output.messages"]))

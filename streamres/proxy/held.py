@@ -1,0 +1,662 @@
+"""Answers held for their readers: an answer outlives the connection that asked for it.
+
+Theory of operation. A streamed answer (and every Responses API ``background`` answer) is
+produced by a task of the proxy's, not of the request that asked: it reads the library's events,
+encodes each in the client's API (:class:`~.outbound.Writer`, whose events carry ``id:``
+numbers) and keeps the encoded events, numbered, beside the events themselves
+(:class:`streamres.AnswerLog`). A request is a *reader*: it sends what is held after the number
+it names (``Last-Event-ID``, the Responses API's ``starting_after``; none: from the start),
+then each new event as it is made, to the end of the answer.
+
+    running ──(the last reader goes)──▶ lingering ──(a reader comes within ``hold``)──▶ running
+                                            │
+                                 (``hold`` passes, nobody read)
+                                            ▼
+                                 parked: the upstream closed, the partial kept
+                                            │
+                     (a reader comes back) ─┴─▶ running again, from the partial
+                                                (``continue_from``), by the same deadline
+
+An answer ends with its done event, a failure (an error event after the partial, or, before
+any text, the HTTP error its first reader gets), or a deliberate stop (``POST
+/v1/answers/{id}/stop``, the Responses API's ``cancel``: a person pressing Stop is not a
+disconnect). Ended and parked answers are kept ``keep`` seconds for late readers, then
+forgotten; a background answer runs without readers to its end. An answer is found by its id
+(128 random bits) and only with the client key that started it: any other key is told it does
+not exist. What one answer holds is bounded as the answer is (its characters are capped), and
+the number of answers held is bounded (``max_answers``: past it, the longest-ended go first).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+from anyio.abc import TaskGroup
+
+import streamres
+from streamres._shell.apps import log
+from streamres.proxy.config import HoldLimits
+from streamres.proxy.inbound import Call
+from streamres.proxy.outbound import Writer
+from streamres.proxy.shared_answers import (
+    LEASE_MS,
+    SharedAnswers,
+    call_from,
+    error_from,
+    event_from,
+    event_json,
+)
+
+__all__ = ["Answers", "Held", "within"]
+
+Status = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+@dataclass(eq=False)
+class Held:
+    """One answer and what its readers need."""
+
+    writer: Writer
+    call: Call
+    #: The client key that started it (``None``: the proxy has no keys).
+    owner: str | None
+    #: ``Client.stream``'s arguments for it (the chain, the lane, the cache scope, …).
+    chain: list[str]
+    kwargs: dict[str, Any]
+    tenant: str | None
+    #: When its deadline passes (anyio's clock): a producer started again keeps it.
+    deadline_at: float
+    #: The caller's trace context (its ``traceparent``), which the answer's span continues.
+    context: Any = None
+    log: streamres.AnswerLog = field(default_factory=streamres.AnswerLog)
+    #: The encoded SSE events: (number, numbered, bytes). A comment (not numbered) carries the
+    #: number of the event before it, so it is replayed after that one.
+    blocks: list[tuple[int, bool, bytes]] = field(default_factory=list)
+    size: int = 0
+    #: Its response head may be sent: the first content came (status events wait before it).
+    started: bool = False
+    pending: list[streamres.Event] = field(default_factory=list)
+    readers: int = 0
+    #: Readers that came, the first included.
+    reads: int = 0
+    status: Status = "in_progress"
+    parked: bool = False
+    ended_at: float | None = None
+    final: dict[str, Any] | None = None
+    #: With shared state: what is still to be written to Redis (events as JSON, and their
+    #: bytes); ``None``: not written there (no Redis, or a shadow of another process's).
+    outbox: list[tuple[dict[str, Any] | None, bytes]] | None = None
+    #: A shadow: another process produces the answer; this one follows its log in Redis.
+    shadow: bool = False
+    #: Blocks written to Redis (``None``: not written there; readers may have them all).
+    durable: int | None = None
+    _moved: anyio.Event | None = None
+    #: A shadow's place in the answer's log in Redis (the last entry applied).
+    entry: str = "0"
+    _scope: anyio.CancelScope | None = None
+    _stopping: bool = False
+    _lingers: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.writer.id
+
+    @property
+    def producing(self) -> bool:
+        return self._scope is not None
+
+    def deadline_left(self) -> float:
+        return self.deadline_at - anyio.current_time()
+
+    @property
+    def last_number(self) -> int:
+        """The number of the last event held (-1: none yet)."""
+        return self.blocks[-1][0] if self.blocks else -1
+
+    def after(self, number: int, start: int = 0) -> tuple[bytes, int]:
+        """The held events after ``number`` from block ``start`` on, and where they end."""
+        i = start
+        if start == 0 and number >= 0:  # the first block past ``number`` (numbers ascend)
+            lo, hi = 0, len(self.blocks)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                n, numbered, _ = self.blocks[mid]
+                if n < number or (n == number and numbered):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            i = lo
+        end = self.visible()
+        data = b"".join(b for _, _, b in self.blocks[i:end])
+        return data, max(i, end)
+
+    def visible(self) -> int:
+        """How many blocks readers may have: all — or, written to Redis, those Redis has (a
+        reader never holds an event another process could not give it again)."""
+        return len(self.blocks) if self.durable is None else self.durable
+
+    def notify(self) -> None:
+        """Something changed for the readers (an event, the end, a write to Redis)."""
+        if self._moved is not None:
+            self._moved.set()
+            self._moved = None
+
+    async def moved(self) -> None:
+        """Wait for the next :meth:`notify`."""
+        if self._moved is None:
+            self._moved = anyio.Event()
+        await self._moved.wait()
+
+    def _keep(self, data: bytes) -> None:
+        last = self.last_number
+        for block in data.split(b"\n\n")[:-1]:
+            block += b"\n\n"
+            if block.startswith(b"id: "):
+                last = int(block[4 : block.index(b"\n")])
+                self.blocks.append((last, True, block))
+            else:
+                self.blocks.append((last, False, block))
+            self.size += len(block)
+
+    def add(self, ev: streamres.Event) -> None:
+        """An event of the answer: encoded, kept, logged (which wakes the readers)."""
+        w = self.writer
+        if ev.type not in ("text", "thinking", "tool_call", "done") and not self.started:
+            self.pending.append(ev)  # status before any content: sent with the head
+            self._out(ev, b"")
+            self.log.append(ev)
+            self.notify()
+            return
+        data = self._open()
+        if ev.type == "text":
+            data += w.text(ev.text)
+        elif ev.type == "thinking":
+            data += w.thinking(ev.text)
+        elif ev.type == "tool_call":
+            data += w.tool_call(ev)
+        elif ev.type == "done":
+            data += w.done(ev)
+        else:
+            data += w.status(ev)
+        self._keep(data)
+        self._out(ev, data)
+        if ev.type == "done":
+            self.status = "incomplete" if ev.finish_reason == "length" else "completed"
+            if self.call.api == "responses":
+                self.final = w.snapshot(self.status)
+                self.final["usage"] = _responses_usage(ev)
+        self.log.append(ev)
+        self.notify()
+
+    def _open(self) -> bytes:
+        """The answer's start (and the status events before it), once."""
+        if self.started:
+            return b""
+        self.started = True
+        for ev in self.pending:  # the head names the model the answer went to
+            self.writer.moved(ev)
+        data = self.writer.start() + b"".join(self.writer.status(ev) for ev in self.pending)
+        self.pending.clear()
+        return data
+
+    def fail(self, exc: streamres.StreamError) -> None:
+        """The answer gave up: an error event after its partial (or, before any text, the
+        error its first reader answers with)."""
+        if self.started:
+            data = self.writer.failed(exc)
+            self._keep(data)
+            self._out(None, data)
+        self.status = "failed"
+        if self.call.api == "responses":
+            self.final = self.writer.snapshot("failed", exc)
+        self.log.end(exc)
+        self.notify()
+
+    def stopped(self) -> None:
+        # Stopped before its first text: an empty answer, ended.
+        data = self._open() + self.writer.stopped()
+        self._keep(data)
+        self._out(None, data)
+        self.status = "cancelled"
+        if self.call.api == "responses":
+            self.final = self.writer.snapshot("cancelled")
+        self.log.end(stopped=True)
+        self.notify()
+
+    def _out(self, ev: streamres.Event | None, data: bytes) -> None:
+        if self.outbox is not None:
+            self.outbox.append((None if ev is None else event_json(ev), data))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The Responses API's response object, as it stands."""
+        if self.final is not None:
+            return self.final
+        return self.writer.snapshot("in_progress" if self.started else "queued")
+
+
+@contextlib.contextmanager
+def within(context: Any) -> Iterator[None]:
+    """Run the block in the OpenTelemetry ``context`` (``None``: as it is)."""
+    if context is None:
+        yield
+        return
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def _responses_usage(done: streamres.DoneEvent) -> dict[str, Any]:
+    u = done.usage
+    out = u.output_tokens if u.output_tokens is not None else u.delivered_tokens
+    inp = u.input_tokens or 0
+    return {
+        "input_tokens": inp,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": inp + out,
+    }
+
+
+class Answers:
+    """The answers this proxy process holds, by id; their producers run in ``tasks``."""
+
+    def __init__(
+        self,
+        client: streamres.Client,
+        limits: HoldLimits,
+        *,
+        clock: Callable[[], float] = anyio.current_time,
+    ) -> None:
+        self.client = client
+        self.limits = limits
+        self.clock = clock
+        #: Where producers run: the proxy's own task group (``run``); ``None`` until then, and
+        #: an answer is produced inside its first request (it ends with that request).
+        self.tasks: TaskGroup | None = None
+        self._held: collections.OrderedDict[str, Held] = collections.OrderedDict()
+        self._producing = 0
+        self._idle: anyio.Event | None = None
+        #: The answers' keys in Redis, when the client shares state (``--redis``).
+        self.shared: SharedAnswers | None = None
+        self._mismatch = False
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """Hold answers until the block ends (then every producer is cancelled). An error of
+        the block's own comes out as it was raised (not in an exception group): the producers
+        catch their own, so it is the only one."""
+        state = self.client._shared_state
+        if state is not None:
+            self.shared = SharedAnswers(state, self.limits.keep)
+        try:
+            async with anyio.create_task_group() as tg:
+                self.tasks = tg
+                tg.start_soon(self._sweep)
+                try:
+                    yield
+                finally:
+                    self.tasks = None
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    async def settled(self) -> None:
+        """Wait until no answer is being produced."""
+        while self._producing:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(h.size for h in self._held.values())
+
+    # -- finding and starting -----------------------------------------------------------
+
+    def find(self, answer_id: str, owner: str | None) -> Held | None:
+        """The answer with this id, if ``owner`` (a client key's name) started it."""
+        held = self._held.get(answer_id)
+        if held is None or held.owner != owner:
+            return None
+        return held
+
+    def start(self, held: Held) -> None:
+        """Hold ``held`` and start producing it (in the proxy's task group when it runs one)."""
+        self._forget_over()
+        self._held[held.id] = held
+        if self.tasks is not None:
+            if self.shared is not None:
+                held.outbox = []
+                self.tasks.start_soon(self._keeper, held, True)
+            self.tasks.start_soon(self._produce, held)
+
+    async def produce_here(self, held: Held) -> None:
+        """Produce ``held`` in the caller's task (no task group of the proxy's)."""
+        await self._produce(held)
+
+    async def stop(self, held: Held) -> None:
+        """Stop the answer on purpose: the upstream closed, the partial ends it (returns once
+        it has)."""
+        if held.log.ended:
+            return
+        if held.shadow and self.shared is not None:  # another process produces it
+            await self.shared.ask_stop(held.id)
+            with anyio.move_on_after(5.0):
+                while not held.log.ended:
+                    await held.log.changed(len(held.log.events))
+            return
+        if held._scope is not None:
+            held._stopping = True
+            held._scope.cancel()
+            while not held.log.ended:
+                await held.log.changed(len(held.log.events))
+        else:  # parked: nothing runs
+            held.parked = False
+            held.stopped()
+            held.ended_at = self.clock()
+
+    # -- reading ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self, held: Held) -> Iterator[None]:
+        """A reader is here: a parked answer starts again; when the last goes, its hold."""
+        held.readers += 1
+        held.reads += 1
+        if held.parked and not held.log.ended and self.tasks is not None:
+            held.parked = False
+            self.tasks.start_soon(self._unpark, held)
+        try:
+            yield
+        finally:
+            held.readers -= 1
+            if held.readers == 0 and not held.call.background and held.producing:
+                held._lingers += 1
+                if self.limits.hold <= 0 or self.tasks is None:
+                    self._park(held)
+                else:
+                    self.tasks.start_soon(self._linger, held, held._lingers)
+
+    async def follow(self, held: Held, after: int = -1) -> AsyncIterator[bytes]:
+        """The answer's events after number ``after``, then each new one, to its end."""
+        data, i = held.after(after)
+        while True:
+            if data:
+                yield data
+            elif held.log.ended and i >= len(held.blocks) and held.visible() == len(held.blocks):
+                return
+            else:
+                await held.moved()
+            data, i = held.after(after, i)
+
+    # -- producing ----------------------------------------------------------------------
+
+    async def _produce(self, held: Held) -> None:
+        if held._scope is not None or held.log.ended:
+            return
+        held.parked, held.ended_at = False, None
+        self._producing += 1
+        try:
+            await self._producing_one(held)
+        finally:
+            self._producing -= 1
+            if not self._producing and self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
+    async def _producing_one(self, held: Held) -> None:
+        with anyio.CancelScope() as scope:
+            held._scope = scope
+            try:
+                left = held.deadline_at - self.clock()
+                if left <= 0:
+                    raise streamres.DeadlineExceeded(
+                        "the answer's deadline passed while it waited for its reader",
+                        reason="deadline",
+                        partial_text=held.log.text,
+                    )
+                with within(held.context):  # the answer's span, if traced, is the caller's child
+                    answer = self.client.stream(
+                        held.call.messages,
+                        model=held.chain,
+                        cache_scope=held.tenant,
+                        deadline=left,
+                        continue_from=held.log.text,
+                        **held.kwargs,
+                    )
+                async with answer as events:
+                    async for ev in events:
+                        held.add(ev)
+            except streamres.StreamError as exc:
+                held.fail(exc)
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception as exc:  # a bug of the proxy's: this answer ends, the rest run
+                log.warning(
+                    "streamres.proxy_answer_crashed",
+                    answer=held.id,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                held.fail(streamres.StreamError(f"the proxy failed: {type(exc).__name__}"))
+            finally:
+                held._scope = None
+        if held.log.ended:
+            held.ended_at = self.clock()
+        elif held._stopping:
+            held.stopped()
+            held.ended_at = self.clock()
+        elif held.readers and self.tasks is not None:
+            # A reader came while the upstream was being closed for want of one: on again.
+            self.tasks.start_soon(self._produce, held)
+        else:  # cancelled without a stop: parked (its hold passed) — or the proxy stops
+            held.parked = True
+            held.ended_at = self.clock()
+
+    def _park(self, held: Held) -> None:
+        if held._scope is not None:
+            held._scope.cancel()
+
+    async def _linger(self, held: Held, turn: int) -> None:
+        await anyio.sleep(self.limits.hold)
+        if held.readers == 0 and held._lingers == turn and held.producing:
+            self._park(held)
+
+    async def _unpark(self, held: Held) -> None:
+        """A reader came for a parked answer: produce it on — unless, with shared state,
+        another process took it on meanwhile (then follow that one)."""
+        if self.shared is not None and held.outbox is not None:
+            if not await self.shared.take(held.id):
+                held.outbox, held.shadow = None, True
+                await self._follow_shared(held)
+                return
+            assert self.tasks is not None
+            self.tasks.start_soon(self._keeper, held, False)
+        await self._produce(held)
+
+    # -- shared state: the answer in Redis ------------------------------------------------
+
+    async def _keeper(self, held: Held, begin: bool) -> None:
+        """Write what the answer makes to Redis and hold its lease; readers get each event
+        once Redis has it (one round trip: what comes meanwhile goes in the next write). On
+        its end, the last write and its expiry; parked, the lease given up. Redis away: the
+        answer is this process's alone, and its readers get everything at once."""
+        shared = self.shared
+        assert shared is not None
+        held.durable = len(held.blocks)
+        if begin and not await shared.begin(held, time.time() + held.deadline_left()):
+            self._alone(held)
+            return
+        renew = LEASE_MS / 3000
+        while held.outbox is not None:
+            if not held.outbox and not held.log.ended and not held.parked:
+                with anyio.move_on_after(renew):
+                    await held.moved()
+            entries, held.outbox = held.outbox, []
+            upto = len(held.blocks)
+            ended = held.log.ended
+            stop = await shared.write(held, entries, held.status if ended else None)
+            if stop is None:
+                self._alone(held)
+                return
+            held.durable = upto
+            held.notify()
+            if ended:
+                held.outbox = None
+                return
+            if stop and held._scope is not None:
+                held._stopping = True  # another process's reader pressed Stop
+                held._scope.cancel()
+            if held.parked:
+                await shared.release(held.id)
+                return
+
+    def _alone(self, held: Held) -> None:
+        held.outbox, held.durable = None, None
+        held.notify()
+
+    async def find_shared(self, answer_id: str, owner: str | None) -> Held | None:
+        """An answer another process holds (or held), found in Redis: a shadow of it here,
+        which follows its log — and adopts it, when its process is gone."""
+        shared = self.shared
+        if shared is None or not shared.shared.connected:
+            return None
+        meta = await shared.meta(answer_id)
+        if not meta or (meta.get("owner") or None) != owner or "call" not in meta:
+            return None
+        if answer_id in self._held:  # found meanwhile
+            return self.find(answer_id, owner)
+        try:
+            call = call_from(meta)
+            writer = Writer(
+                call,
+                model=meta["model"],
+                status_events=bool(meta["status_events"]),
+                answer=meta["answer"],
+                created=int(meta["created"]),
+            )
+            left = float(meta["deadline"]) - time.time()
+            held = Held(
+                writer,
+                call,
+                owner,
+                json.loads(meta["chain"]),
+                json.loads(meta["kwargs"]),
+                meta["tenant"] or None,
+                anyio.current_time() + left,
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("streamres.proxy_answer_unreadable", answer=answer_id, error=str(exc))
+            return None
+        held.shadow = True
+        while True:  # what the log holds now, before any reader
+            got = await shared.entries(answer_id, held.entry, 0)
+            if not got:
+                break
+            self._apply(held, got)
+        if answer_id in self._held:
+            return self.find(answer_id, owner)
+        self._forget_over()
+        self._held[answer_id] = held
+        if held.log.ended:
+            held.ended_at = self.clock()
+        elif self.tasks is not None:
+            self.tasks.start_soon(self._follow_shared, held)
+        return held
+
+    def _apply(self, held: Held, entries: list[Any]) -> None:
+        """Log entries from Redis, applied to a shadow: each event encoded again (the same
+        bytes as its producer's, which are checked)."""
+        for entry_id, fields in entries:
+            before = len(held.blocks)
+            for obj in json.loads(fields.get("e") or "[]"):
+                held.add(event_from(obj))
+            end = fields.get("end")
+            if end == "failed":
+                error = json.loads(fields.get("error") or "{}")
+                held.fail(error_from(error, held.log.text))
+            elif end == "cancelled":
+                held.stopped()
+            elif end is not None and not held.log.ended:  # ended without its done event
+                held.fail(streamres.StreamError("the answer ended", partial_text=held.log.text))
+            made = b"".join(b for _, _, b in held.blocks[before:]).decode("utf-8")
+            if made != fields.get("b", "") and not self._mismatch:
+                self._mismatch = True
+                log.warning("streamres.proxy_answer_replay_differs", answer=held.id)
+            held.entry = entry_id
+
+    async def _follow_shared(self, held: Held) -> None:
+        """Follow a shadow's log to the answer's end; adopt it if its process is gone; let it
+        go when nobody has read it for ``hold`` seconds."""
+        shared = self.shared
+        assert shared is not None
+        idle = self.clock()
+        while not held.log.ended:
+            got = await shared.entries(held.id, held.entry, 100)
+            if got:
+                self._apply(held, got)
+                continue
+            if held.readers:
+                idle = self.clock()
+            elif self.clock() - idle > self.limits.hold + 1:
+                if self._held.get(held.id) is held:
+                    del self._held[held.id]  # a later reader makes a new shadow
+                return
+            if got is None:  # Redis away
+                await anyio.sleep(0.5)
+                continue
+            if await shared.alive(held.id) is False and await shared.take(held.id):
+                log.info("streamres.proxy_answer_adopted", answer=held.id, chars=len(held.log.text))
+                held.shadow = False
+                held.outbox, held.durable = [], len(held.blocks)
+                assert self.tasks is not None
+                self.tasks.start_soon(self._keeper, held, False)
+                await self._produce(held)
+                return
+        held.ended_at = self.clock()
+
+    # -- forgetting ---------------------------------------------------------------------
+
+    def _forget_over(self) -> None:
+        """Room for one more: past ``max_answers``, the longest-ended go first."""
+        over = len(self._held) + 1 - self.limits.max_answers
+        if over <= 0:
+            return
+        done = sorted(
+            (h for h in self._held.values() if h.ended_at is not None and not h.producing),
+            key=lambda h: h.ended_at or 0.0,
+        )
+        for h in done[:over]:
+            del self._held[h.id]
+
+    def sweep(self, now: float | None = None) -> None:
+        """Forget what ended (or was parked) over ``keep`` seconds ago and has no reader."""
+        now = self.clock() if now is None else now
+        for h in list(self._held.values()):
+            if (
+                h.ended_at is not None
+                and not h.producing
+                and h.readers == 0
+                and now - h.ended_at > self.limits.keep
+            ):
+                del self._held[h.id]
+
+    async def _sweep(self) -> None:
+        while True:
+            await anyio.sleep(min(30.0, max(1.0, self.limits.keep / 10)))
+            self.sweep()

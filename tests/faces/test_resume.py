@@ -1,0 +1,619 @@
+"""Answers that outlive their connection: read again after a drop, a reload, a stop.
+
+Against the proxy on loopback (the embedded upstream behind it), with plain HTTP as a browser's
+``fetch`` sends it and with the official ``openai`` SDK's own background calls.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from streamres.proxy.config import HoldLimits, parse
+from streamres.proxy.serve import running
+from streamres.upstream import Upstream
+from tests.helpers.network import relay
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the official SDKs and uvicorn run on asyncio
+
+
+Q = [{"role": "user", "content": "Explain TCP slow start in a few sentences."}]
+
+
+async def _events(r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The SSE events of a response, as ``{"id", "event", "data"}`` (comments dropped)."""
+    buf = ""
+    async for chunk in r.aiter_text():
+        buf += chunk
+        while "\n\n" in buf:
+            block, buf = buf.split("\n\n", 1)
+            ev: dict[str, Any] = {"id": None, "event": None, "data": ""}
+            for line in block.split("\n"):
+                name, _, value = line.partition(": ")
+                if name in ("id", "event", "data"):
+                    ev[name] = value
+            if ev["id"] is not None:
+                yield ev
+
+
+def _text(ev: dict[str, Any]) -> str:
+    """The answer's text an event carries, in any of the three APIs."""
+    if ev["data"] == "[DONE]":
+        return ""
+    data = json.loads(ev["data"])
+    if "choices" in data:
+        return "".join(c["delta"].get("content") or "" for c in data["choices"])
+    if data.get("type") == "content_block_delta":
+        return str(data["delta"].get("text", ""))
+    if data.get("type") == "response.output_text.delta":
+        return str(data["delta"])
+    return ""
+
+
+BODIES = {
+    "openai": ("/v1/chat/completions", {"model": "demo", "messages": Q, "stream": True}),
+    "anthropic": (
+        "/v1/messages",
+        {"model": "demo", "messages": Q, "stream": True, "max_tokens": 1024},
+    ),
+    "responses": ("/v1/responses", {"model": "demo", "input": Q[0]["content"], "stream": True}),
+}
+
+
+async def _start(
+    http: httpx.AsyncClient, url: str, api: str, upto: int, headers: dict[str, str] | None = None
+) -> tuple[str, list[dict[str, Any]]]:
+    """Start an answer and read its first ``upto`` events, then go (the connection closed)."""
+    path, body = BODIES[api]
+    got: list[dict[str, Any]] = []
+    async with http.stream("POST", url + path, json=body, headers=headers) as r:
+        assert r.status_code == 200, await r.aread()
+        answer = r.headers["x-streamres-answer"]
+        async for ev in _events(r):
+            got.append(ev)
+            if len(got) == upto:
+                break
+    return answer, got
+
+
+async def _read_on(
+    http: httpx.AsyncClient, url: str, answer: str, last: str | None, **headers: str
+) -> list[dict[str, Any]]:
+    h = dict(headers)
+    if last is not None:
+        h["last-event-id"] = last
+    async with http.stream("GET", f"{url}/v1/answers/{answer}/events", headers=h) as r:
+        assert r.status_code == 200, await r.aread()
+        return [ev async for ev in _events(r)]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
+async def test_a_reader_that_comes_back_gets_exactly_the_rest(api: str) -> None:
+    """The client goes after a few events and comes back with ``Last-Event-ID``: it gets
+    exactly the events after it (numbered on, none twice, none missing), and the text is the
+    upstream's fault-free answer; the upstream was asked once — the answer kept running."""
+    async with (
+        running(port=0, faults="none", token_delay=0.01) as run,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        assert run.upstream is not None
+        answer, first = await _start(http, run.url, api, upto=5)
+        rest = await _read_on(http, run.url, answer, first[-1]["id"])
+        every = first + rest
+        assert [int(e["id"]) for e in every] == list(range(len(every)))
+        assert "".join(_text(e) for e in every) == run.upstream.answer(Q)
+        assert len(run.upstream.requests) == 1
+
+
+async def test_a_reload_reads_the_whole_answer_again() -> None:
+    """A page that reloads has lost what it showed: without ``Last-Event-ID`` it gets every
+    event from the first, then the live ones."""
+    async with (
+        running(port=0, faults="none", token_delay=0.01) as run,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        assert run.upstream is not None
+        answer, first = await _start(http, run.url, "openai", upto=3)
+        again = await _read_on(http, run.url, answer, None)
+        assert again[: len(first)] == first
+        assert "".join(_text(e) for e in again) == run.upstream.answer(Q)
+
+
+async def test_an_answer_past_its_hold_is_continued_from_its_partial() -> None:
+    """With no hold, the client going closes the upstream at once and parks the answer; the
+    client coming back starts it again from what it had (a continuation of the partial, not
+    the whole answer again), and the text is still exact."""
+    async with (
+        running(port=0, faults="none", token_delay=0.02, answers=HoldLimits(hold=0)) as run,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        up = run.upstream
+        assert up is not None
+        answer, first = await _start(http, run.url, "openai", upto=6)
+        with anyio.fail_after(5):
+            await up.wait_streams_done()  # the upstream was closed: nobody reads
+        held = run.proxy.answers.find(answer, None)
+        assert held is not None and held.parked and held.log.text
+        partial = held.log.text
+        rest = await _read_on(http, run.url, answer, first[-1]["id"])
+        every = first + rest
+        assert [int(e["id"]) for e in every] == list(range(len(every)))
+        assert "".join(_text(e) for e in every) == up.answer(Q)
+        assert len(up.requests) == 2
+        sent = json.dumps(up.requests[1].body, ensure_ascii=False)
+        assert partial[:40] in sent  # the second request continues the partial
+
+
+async def test_stop_ends_the_answer_and_closes_the_upstream() -> None:
+    """``POST /v1/answers/{id}/stop``: the upstream sees its stream closed, the readers get
+    the partial answer ended cleanly, and the answer says ``cancelled``."""
+    async with (
+        running(port=0, faults="none", token_delay=0.05) as run,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        up = run.upstream
+        assert up is not None
+        path, body = BODIES["openai"]
+        events: list[dict[str, Any]] = []
+        async with http.stream("POST", run.url + path, json=body) as r:
+            answer = r.headers["x-streamres-answer"]
+            async for ev in _events(r):
+                events.append(ev)
+                if len(events) == 3:
+                    stopped = await http.post(f"{run.url}/v1/answers/{answer}/stop")
+                    assert stopped.status_code == 200
+        with anyio.fail_after(2):  # the answer would take seconds more: only the stop ends it
+            await up.wait_streams_done()
+        assert events[-1]["data"] == "[DONE]"
+        assert json.loads(events[-2]["data"])["choices"][0]["finish_reason"] == "stop"
+        state = (await http.get(f"{run.url}/v1/answers/{answer}")).json()
+        assert state["status"] == "cancelled"
+        text = "".join(_text(e) for e in events)
+        assert text and state["text"] == text and up.answer(Q).startswith(text)
+
+
+async def test_answers_are_their_keys_alone_and_bad_reads_are_refused() -> None:
+    """Another client key is told the answer does not exist; no key is a 401; an unknown id
+    a 404; a garbage or too-large ``Last-Event-ID`` a 400 — each in the API's error shape."""
+    async with Upstream(token_delay=0) as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "clients": [{"name": "a", "key_env": "A_KEY"}, {"name": "b", "key_env": "B_KEY"}],
+        }
+        config = parse(raw, {"A_KEY": "key-a", "B_KEY": "key-b"})
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+            a = {"authorization": "Bearer key-a"}
+            r = await http.post(
+                run.url + "/v1/chat/completions",
+                json={"model": "m", "messages": Q, "stream": True},
+                headers=a,
+            )
+            answer = r.headers["x-streamres-answer"]
+            last = max(int(e.split("\n")[0][4:]) for e in r.text.split("\n\n") if e[:4] == "id: ")
+            events = f"{run.url}/v1/answers/{answer}/events"
+            assert (await http.get(events, headers=a)).status_code == 200
+            other = await http.get(events, headers={"authorization": "Bearer key-b"})
+            assert other.status_code == 404
+            assert answer not in other.text and "error" in other.json()
+            assert (await http.get(events)).status_code == 401
+            unknown = await http.get(f"{run.url}/v1/answers/chatcmpl-{'0' * 32}/events", headers=a)
+            assert unknown.status_code == 404
+            for bad in ("abc", "-1", "1e9", "9" * 40, str(last + 1)):
+                got = await http.get(events, headers={**a, "last-event-id": bad})
+                assert got.status_code == 400, bad
+                assert "Last-Event-ID" in got.json()["error"]["message"]
+            stop = await http.post(
+                f"{run.url}/v1/answers/{answer}/stop", headers={"authorization": "Bearer key-b"}
+            )
+            assert stop.status_code == 404
+            msg = await http.get(f"{run.url}/v1/answers/msg_{'0' * 32}", headers=a)
+            assert msg.status_code == 404 and msg.json()["type"] == "error"
+
+
+async def test_the_openai_sdk_resumes_a_background_response() -> None:
+    """The official SDK's own calls: ``responses.create(background=True, stream=True)`` read
+    to event N and dropped; ``responses.retrieve(id, stream=True, starting_after=N)`` gives
+    exactly the rest; the whole text is the upstream's fault-free answer."""
+    async with (
+        running(port=0, faults="none", token_delay=0.01) as run,
+        AsyncOpenAI(base_url=run.url + "/v1", api_key="k") as sdk,
+    ):
+        assert run.upstream is not None
+        stream = await sdk.responses.create(
+            model="demo", input=Q[0]["content"], background=True, stream=True
+        )
+        text, seqs, rid = "", [], ""
+        async for ev in stream:
+            seqs.append(ev.sequence_number)
+            if ev.type == "response.created":
+                rid = ev.response.id
+            elif ev.type == "response.output_text.delta":
+                text += ev.delta
+            if len(seqs) == 6:
+                break
+        await stream.close()
+        again = await sdk.responses.retrieve(rid, stream=True, starting_after=seqs[-1])
+        async for ev in again:
+            seqs.append(ev.sequence_number)
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+            last = ev
+        assert seqs == list(range(len(seqs)))
+        assert last.type == "response.completed"
+        assert text == run.upstream.answer(Q) == last.response.output_text
+        done = await sdk.responses.retrieve(rid)
+        assert done.status == "completed" and done.output_text == text
+        assert len(run.upstream.requests) == 1
+
+
+async def test_the_openai_sdk_cancels_a_background_response() -> None:
+    """``responses.cancel(id)``: the upstream sees its stream closed, the response says
+    ``cancelled`` and keeps the partial output; a background answer not streamed runs to
+    its end with nobody reading, and ``retrieve`` gives it whole."""
+    async with (
+        running(port=0, faults="none", token_delay=0.05) as run,
+        AsyncOpenAI(base_url=run.url + "/v1", api_key="k") as sdk,
+    ):
+        up = run.upstream
+        assert up is not None
+        queued = await sdk.responses.create(model="demo", input=Q[0]["content"], background=True)
+        assert queued.status in ("queued", "in_progress") and queued.background
+        with anyio.fail_after(10):
+            # Polled, as OpenAI's guide to background responses does.
+            while not (now := await sdk.responses.retrieve(queued.id)).output_text:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        cancelled = await sdk.responses.cancel(queued.id)
+        assert cancelled.status == "cancelled"
+        with anyio.fail_after(2):
+            await up.wait_streams_done()
+        kept = await sdk.responses.retrieve(queued.id)
+        assert kept.status == "cancelled"
+        assert kept.output_text.startswith(now.output_text)
+        assert up.answer(Q).startswith(kept.output_text) and kept.output_text != up.answer(Q)
+
+        whole = await sdk.responses.create(model="demo", input="Why?", background=True)
+        with anyio.fail_after(30):
+            while (got := await sdk.responses.retrieve(whole.id)).status != "completed":  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert got.output_text == up.answer([{"role": "user", "content": "Why?"}])
+
+
+@pytest.mark.parametrize("hold", [0.0, 30.0])
+async def test_a_thousand_readers_that_come_and_go(hold: float) -> None:
+    """Many answers at once, each read by a client that drops at a random event and comes
+    back (with ``Last-Event-ID``, or from the start as a reload) one or more times: every
+    answer exact — held for its reader, or (no hold) parked and continued from its partial;
+    after ``keep`` nothing is held. Seeded; ``STREAMRES_RESUME_SOAK`` sets the count (a
+    thousand in the soak command)."""
+    import os
+
+    count = int(os.environ.get("STREAMRES_RESUME_SOAK", "100"))
+    limits = HoldLimits(hold=hold, keep=60)
+    async with (
+        running(port=0, faults="none", token_delay=0.002, answers=limits) as run,
+        httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as http,
+    ):
+        up = run.upstream
+        assert up is not None
+        wrong: list[str] = []
+        room = anyio.Semaphore(32)
+
+        async def one(i: int) -> None:
+            question = [{"role": "user", "content": f"Question {i} about rivers"}]
+            plan = random.Random(i)
+            async with room:
+                path, body = BODIES["openai"]
+                events: list[dict[str, Any]] = []
+                async with http.stream(
+                    "POST", run.url + path, json={**body, "messages": question}
+                ) as r:
+                    assert r.status_code == 200, (await r.aread()).decode()
+                    answer = r.headers["x-streamres-answer"]
+                    drop = plan.randint(1, 12)
+                    async for ev in _events(r):
+                        events.append(ev)
+                        if len(events) >= drop:
+                            break
+                while not events or events[-1]["data"] != "[DONE]":
+                    reload = plan.random() < 0.3
+                    last = None if reload else events[-1]["id"]
+                    url = f"{run.url}/v1/answers/{answer}/events"
+                    headers = {} if last is None else {"last-event-id": last}
+                    got: list[dict[str, Any]] = []
+                    async with http.stream("GET", url, headers=headers) as r:
+                        assert r.status_code == 200, (await r.aread()).decode()
+                        drop = plan.randint(5, 80)
+                        async for ev in _events(r):
+                            got.append(ev)
+                            if len(got) >= drop:
+                                break
+                    events = got if reload else events + got
+                ids = [int(e["id"]) for e in events]
+                text = "".join(_text(e) for e in events)
+                if ids != list(range(len(ids))) or text != up.answer(question):
+                    wrong.append(answer)
+
+        with anyio.fail_after(240):
+            async with anyio.create_task_group() as tg:
+                for i in range(count):
+                    tg.start_soon(one, i)
+        assert not wrong, f"{len(wrong)} of {count} answers not exact"
+        answers = run.proxy.answers
+        with anyio.fail_after(10):
+            await answers.settled()
+        answers.sweep(now=anyio.current_time() + limits.keep + 1)  # past ``keep``: forgotten
+        assert len(answers) == 0 and answers.held_bytes == 0
+
+
+CHAT_SCRIPT = r"""
+const puppeteer = require("puppeteer-core");
+const [browserPath, url, mode, question] = process.argv.slice(2);
+(async () => {
+  const browser = await puppeteer.launch({
+    executablePath: browserPath, headless: true, args: ["--no-sandbox", "--disable-gpu"],
+  });
+  try {
+    const page = await browser.newPage();
+    await page.goto(url + "/chat");
+    await page.type("#q", question);
+    await page.click("#send");
+    await page.waitForFunction(() => {
+      const a = document.getElementById("answer");
+      return a && a.textContent.length > 60;
+    }, { timeout: 30000 });
+    const before = await page.$eval("#answer", (e) => e.textContent);
+    if (mode === "reload") await page.reload();
+    else console.log("CUT " + JSON.stringify(before));
+    await page.waitForFunction(
+      () => document.body.dataset.state === "idle"
+        && document.querySelectorAll('.msg[data-role="assistant"]').length === 1,
+      { timeout: 60000 },
+    );
+    const text = await page.$eval('.msg[data-role="assistant"]', (e) => e.textContent);
+    console.log("DONE " + JSON.stringify({ before, text }));
+  } finally {
+    await browser.close();
+  }
+})().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+
+def _puppeteer() -> tuple[str, Path]:
+    """Chromium and a directory with puppeteer-core (npm), or the test is skipped."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    here = Path(__file__).parents[1] / ".node"
+    if not (here / "node_modules" / "puppeteer-core").exists():
+        if shutil.which("npm") is None:
+            pytest.skip("node and npm are not on this machine")
+        here.mkdir(exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--silent", "--no-audit", "--no-fund", "puppeteer-core@23"],
+            cwd=here,
+            capture_output=True,
+            timeout=300,
+            check=True,
+        )
+    (here / "chat.js").write_text(CHAT_SCRIPT, encoding="utf-8")
+    return browser, here
+
+
+@pytest.mark.parametrize("mode", ["reload", "cut"])
+async def test_the_chat_page_picks_its_answer_up_in_a_browser(mode: str) -> None:
+    """Headless Chromium on the proxy's chat page: reloaded mid-answer, or with its network
+    cut for a few seconds mid-answer, it ends showing the exact answer, once — and the
+    upstream was asked once (the answer kept running while nobody read it)."""
+    browser, here = _puppeteer()
+    question = "Explain TCP slow start in a few sentences."
+    async with (
+        running(port=0, faults="none", token_delay=0.04) as run,
+        relay(run.url) as net,
+    ):
+        up = run.upstream
+        assert up is not None
+        command = ["node", str(here / "chat.js"), browser, net.url, mode, question]
+        async with await anyio.open_process(command) as node:
+            assert node.stdout is not None
+            lines = b""
+            async for data in node.stdout:
+                lines += data
+                if mode == "cut" and b"CUT " in lines and not net.down:
+                    net.cut()
+                    await anyio.sleep(3)  # the network is away for three seconds
+                    net.restore()
+            await node.wait()
+            assert node.returncode == 0, lines.decode()
+        done = json.loads(lines.decode().split("DONE ", 1)[1])
+        expected = up.answer([{"role": "user", "content": question}])
+        assert done["text"] == expected
+        assert done["before"] and expected.startswith(done["before"])
+        assert done["before"] != expected  # it was mid-answer when the page went
+        assert len(up.requests) == 1
+        (held,) = run.proxy.answers._held.values()
+        assert held.reads >= 2  # read again: after the reload, or the network's return
+
+
+def _shared_config(up: Upstream, hold: float = 30.0) -> Any:
+    raw = {
+        "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+        "answers": {"hold": hold},
+    }
+    return parse(raw, {})
+
+
+def _asked(up: Upstream, question: str) -> int:
+    """Requests the upstream received for ``question``."""
+    return sum(question in json.dumps(r.body, ensure_ascii=False) for r in up.requests)
+
+
+async def _begin(
+    http: httpx.AsyncClient, url: str, question: str, upto: int
+) -> tuple[str, list[dict[str, Any]]]:
+    body = {"model": "m", "messages": [{"role": "user", "content": question}], "stream": True}
+    got: list[dict[str, Any]] = []
+    async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        answer = r.headers["x-streamres-answer"]
+        async for ev in _events(r):
+            got.append(ev)
+            if len(got) == upto:
+                break
+    return answer, got
+
+
+async def test_another_proxy_reads_an_answer_on_through_redis(redis_server: Any) -> None:
+    """Two proxies sharing a real Redis: an answer started on one and read on through the
+    other (``Last-Event-ID``) is exact, each event once; the first proxy kept producing it —
+    the upstream was asked once."""
+    async with Upstream(token_delay=0.01) as up:
+        config = _shared_config(up)
+        async with (
+            running(config, port=0, redis=redis_server.url) as a,
+            running(config, port=0, redis=redis_server.url) as b,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            question = "Explain TCP slow start in a few sentences."
+            answer, first = await _begin(http, a.url, question, upto=5)
+            rest = await _read_on(http, b.url, answer, first[-1]["id"])
+            every = first + rest
+            assert [int(e["id"]) for e in every] == list(range(len(every)))
+            assert "".join(_text(e) for e in every) == up.answer(
+                [{"role": "user", "content": question}]
+            )
+            assert _asked(up, question) == 1
+            assert b.proxy.answers.find(answer, None) is not None  # followed, not produced
+            assert not b.proxy.answers._mismatch
+
+
+async def test_an_answer_outlives_the_proxy_that_started_it(redis_server: Any) -> None:
+    """Answers in flight on a proxy that stops: another proxy sharing Redis adopts each when
+    its lease lapses and continues it from what was delivered — every answer exact, each
+    asked of the upstream at most once plus one continuation."""
+    async with Upstream(token_delay=0.03) as up:
+        config = _shared_config(up)
+        questions = [f"Question {i}: how do rivers carve valleys?" for i in range(8)]
+        firsts: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+        async with (
+            running(config, port=0, redis=redis_server.url) as b,
+            httpx.AsyncClient(timeout=60) as http,
+        ):
+            async with running(config, port=0, redis=redis_server.url) as a:
+                for q in questions:
+                    firsts[q] = await _begin(http, a.url, q, upto=4)
+            # ``a`` has stopped: its answers' producers are gone, their leases lapse.
+            got: dict[str, list[dict[str, Any]]] = {}
+
+            async def read_on(q: str) -> None:
+                answer, first = firsts[q]
+                got[q] = first + await _read_on(http, b.url, answer, first[-1]["id"])
+
+            async with anyio.create_task_group() as tg:
+                for q in questions:
+                    tg.start_soon(read_on, q)
+            for q, every in got.items():
+                assert [int(e["id"]) for e in every] == list(range(len(every)))
+                assert "".join(_text(e) for e in every) == up.answer(
+                    [{"role": "user", "content": q}]
+                )
+                assert _asked(up, q) <= 2
+
+
+async def test_answers_survive_their_proxy_killed_with_sigkill(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    """Two ``streamres proxy`` processes sharing a real Redis; many answers streaming from
+    the first when it is killed (SIGKILL: nothing of it runs after). Every client reads its
+    answer on through the second: each ends exact, each event once, and the upstream served
+    each at most once plus one continuation."""
+    import signal
+    import sys
+
+    from tests.helpers.redis import free_port
+
+    async with Upstream(token_delay=0.03) as up:
+        (tmp_path / "routes.toml").write_text(
+            "[[routes]]\n"
+            f'name = "m"\nmodel = "m"\nbase_url = "{up.openai_url}"\n'
+            "[answers]\nhold = 30\n",
+            encoding="utf-8",
+        )
+
+        async def proxy() -> tuple[Any, str]:
+            port = free_port()
+            command = [sys.executable, "-m", "streamres", "proxy", "--port", str(port)]
+            command += ["--config", str(tmp_path / "routes.toml"), "--redis", redis_server.url]
+            process = await anyio.open_process(command)
+            assert process.stdout is not None
+            with anyio.fail_after(60):
+                seen = b""
+                async for data in process.stdout:
+                    seen += data
+                    if b"streamres proxy on" in seen:
+                        break
+            return process, f"http://127.0.0.1:{port}"
+
+        (a, a_url), (b, b_url) = await proxy(), await proxy()
+        try:
+            questions = [f"Question {i}: why is the sea salty?" for i in range(12)]
+            got: dict[str, list[dict[str, Any]]] = {}
+            killed = anyio.Event()
+            reading = 0
+            all_reading = anyio.Event()
+            async with httpx.AsyncClient(timeout=60) as http:
+
+                async def one(q: str) -> None:
+                    nonlocal reading
+                    body = {"model": "m", "messages": [{"role": "user", "content": q}]}
+                    events: list[dict[str, Any]] = []
+                    async with http.stream(
+                        "POST", a_url + "/v1/chat/completions", json={**body, "stream": True}
+                    ) as r:
+                        answer = r.headers["x-streamres-answer"]
+                        try:
+                            async for ev in _events(r):
+                                events.append(ev)
+                                if len(events) == 4:
+                                    reading += 1
+                                    if reading == len(questions):
+                                        all_reading.set()
+                        except httpx.HTTPError:
+                            pass  # the proxy died under it
+                    await killed.wait()
+                    got[q] = events + await _read_on(http, b_url, answer, events[-1]["id"])
+
+                async with anyio.create_task_group() as tg:
+                    for q in questions:
+                        tg.start_soon(one, q)
+                    with anyio.fail_after(60):
+                        await all_reading.wait()
+                    a.send_signal(signal.SIGKILL)
+                    await a.wait()
+                    killed.set()
+            for q in questions:
+                every = got[q]
+                assert [int(e["id"]) for e in every] == list(range(len(every)))
+                assert "".join(_text(e) for e in every) == up.answer(
+                    [{"role": "user", "content": q}]
+                )
+                assert _asked(up, q) <= 2
+        finally:
+            for process in (a, b):
+                if process.returncode is None:
+                    process.kill()
+                await process.wait()
