@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "abuse": "abuse",
     "batch": "batch",
     "continuation": "continuation",
+    "resume": "resume",
     "--continuation": "continuation",
 }
 

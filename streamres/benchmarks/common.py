@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import shutil
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
 
 from streamres.upstream import answer_for, split_tokens
 
@@ -30,6 +35,38 @@ def server(*extra: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def redis_server() -> AsyncIterator[str | None]:
+    """A local ``redis-server`` on a free loopback port while the block runs; yields its URL
+    (``None`` when redis-server is not installed)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        yield None
+        return
+    import coredis
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    command += ["--appendonly", "no", "--dir", tempfile.gettempdir()]
+    proc = await anyio.open_process(command, stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        async with coredis.Redis.from_url(url) as r:
+            for _ in range(200):  # the server starting
+                try:
+                    await r.ping()
+                    break
+                except Exception:
+                    await anyio.sleep(0.02)
+        yield url
+    finally:
+        proc.terminate()
+        await proc.wait()
+        await proc.aclose()
 
 
 def words_for(events: int) -> int:

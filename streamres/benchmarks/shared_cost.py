@@ -3,100 +3,65 @@ limits. Part of ``streamres bench``."""
 
 from __future__ import annotations
 
+import collections
 import statistics
-import subprocess
 import time
 from typing import Any
 
 import anyio
 
 import streamres
+from streamres.benchmarks.common import redis_server
 from streamres.upstream import Upstream
 
 
 async def shared_cost(answers: int = 40) -> list[dict[str, Any]]:
     """What shared state costs an answer: Redis round trips (counted by the server) and time to
     first token, with a shared limit and with an in-process one (a local redis-server)."""
-    import shutil
-    import socket
-    import tempfile
+    async with redis_server() as url:
+        if url is None:
+            return [{"setup": "shared", "note": "redis-server is not installed"}]
+        return await _measure(url, answers)
 
-    exe = shutil.which("redis-server")
-    if exe is None:
-        return [{"setup": "shared", "note": "redis-server is not installed"}]
-    import collections
 
-    import coredis
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = await anyio.open_process(
-        [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            tempfile.gettempdir(),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+async def _measure(url: str, answers: int) -> list[dict[str, Any]]:
     rows = []
-    try:
-        async with coredis.Redis.from_url(url) as r:
-            for _ in range(200):  # the server starting
-                try:
-                    await r.ping()
-                    break
-                except Exception:
-                    await anyio.sleep(0.02)
 
-        def made(client: streamres.Client) -> collections.Counter[str]:
-            """Round trips the client made, by script or command (the tests hold these to the
-            server's own counts); the once-a-second metrics sync is not an answer's."""
-            state = client._shared_state
-            calls = collections.Counter(state.calls) if state is not None else collections.Counter()
-            calls.pop("metrics", None)
-            return calls
+    def made(client: streamres.Client) -> collections.Counter[str]:
+        """Round trips the client made, by script or command (the tests hold these to the
+        server's own counts); the once-a-second metrics sync is not an answer's."""
+        state = client._shared_state
+        calls = collections.Counter(state.calls) if state is not None else collections.Counter()
+        calls.pop("metrics", None)
+        return calls
 
-        async with Upstream(words=20) as up:
-            route = streamres.Route("m", base_url=up.openai_url, api_key="x", max_in_flight=8)
-            setups: list[tuple[str, str | None, streamres.Cache | None, str]] = [
-                ("in-process limits", None, None, "a"),
-                ("shared on Redis", url, None, "b"),
-                ("shared, with the shared cache (a miss)", url, streamres.Cache(), "c"),
-                ("shared cache: another process's answer", url, streamres.Cache(), "c"),
-            ]
-            for label, shared, cache, series in setups:
-                async with streamres.Client([route], shared=shared, cache=cache) as client:
-                    ttfts: list[float] = []
-                    before = made(client)
-                    for i in range(answers):
-                        t = time.perf_counter()
-                        first = None
-                        asked = [{"role": "user", "content": f"Question {series}{i}: TCP?"}]
-                        async for ev in client.stream(asked, model="m"):
-                            if ev.type == "text" and first is None:
-                                first = time.perf_counter() - t
-                        ttfts.append(first or 0.0)
-                    await anyio.sleep(0.2)  # releases and cache writes go in the background
-                    calls = sum((made(client) - before).values())
-                rows.append(
-                    {
-                        "setup": label,
-                        "ttft_p50_ms": statistics.median(ttfts) * 1e3,
-                        "round_trips_per_answer": round(calls / answers, 2) if shared else 0,
-                    }
-                )
-    finally:
-        proc.terminate()
-        await proc.wait()
-        await proc.aclose()
+    async with Upstream(words=20) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="x", max_in_flight=8)
+        setups: list[tuple[str, str | None, streamres.Cache | None, str]] = [
+            ("in-process limits", None, None, "a"),
+            ("shared on Redis", url, None, "b"),
+            ("shared, with the shared cache (a miss)", url, streamres.Cache(), "c"),
+            ("shared cache: another process's answer", url, streamres.Cache(), "c"),
+        ]
+        for label, shared, cache, series in setups:
+            async with streamres.Client([route], shared=shared, cache=cache) as client:
+                ttfts: list[float] = []
+                before = made(client)
+                for i in range(answers):
+                    t = time.perf_counter()
+                    first = None
+                    asked = [{"role": "user", "content": f"Question {series}{i}: TCP?"}]
+                    async for ev in client.stream(asked, model="m"):
+                        if ev.type == "text" and first is None:
+                            first = time.perf_counter() - t
+                    ttfts.append(first or 0.0)
+                await anyio.sleep(0.2)  # releases and cache writes go in the background
+                calls = sum((made(client) - before).values())
+            rows.append(
+                {
+                    "setup": label,
+                    "ttft_p50_ms": statistics.median(ttfts) * 1e3,
+                    "round_trips_per_answer": round(calls / answers, 2) if shared else 0,
+                }
+            )
     return rows

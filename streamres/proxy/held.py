@@ -46,6 +46,7 @@ from streamres.proxy.config import HoldLimits
 from streamres.proxy.inbound import Call
 from streamres.proxy.outbound import Writer
 from streamres.proxy.shared_answers import (
+    FLUSH,
     LEASE_MS,
     SharedAnswers,
     call_from,
@@ -507,6 +508,10 @@ class Answers:
             if not held.outbox and not held.log.ended and not held.parked:
                 with anyio.move_on_after(renew):
                     await held.moved()
+            if held.durable and held.outbox:  # past the first event: let more come with it
+                with anyio.move_on_after(FLUSH):
+                    while not held.log.ended:
+                        await held.moved()
             entries, held.outbox = held.outbox, []
             upto = len(held.blocks)
             ended = held.log.ended

@@ -209,9 +209,12 @@ def _open_files(limits: ServerLimits) -> ServerLimits:
 
 
 def _listening(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host``:``port`` (the server listens on it)."""
+    """A TCP socket bound to ``host``:``port`` (the server listens on it). Made with its
+    protocol named (``IPPROTO_TCP``): asyncio turns Nagle's algorithm off (``TCP_NODELAY``)
+    only on connections whose socket says TCP, and without it every response on a kept-alive
+    connection waited some 40 ms for the client's delayed ACK between its head and its body."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -357,7 +360,7 @@ class _Hypercorn:
 
         # Bind here to learn the port (hypercorn binds from config.bind otherwise).
         host, port = self.config.bind[0].rsplit(":", 1)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
         sock.listen(1024)
@@ -392,7 +395,7 @@ async def serve(
         )
         print(
             f"streamres proxy on {run.url} — OpenAI base_url {run.url}/v1, Anthropic base_url "
-            f"{run.url}; health board {run.url}/ ; serving {target}",
+            f"{run.url}; health board {run.url}/ ; chat page {run.url}/chat ; serving {target}",
             flush=True,
         )
         await run.stopped.wait()

@@ -11,8 +11,9 @@ slot (``{id}``, so a Redis Cluster keeps them together):
 - ``…:lease``, a string: the producing process, expiring ``LEASE_MS`` after its last renewal.
 
 Writes go through before reads: a reader is sent an event once Redis has it, so whatever a
-client holds another process can give again. They coalesce by themselves: what an answer makes
-while one write is on its way goes in the next, one ``XADD`` with the lease's renewal.
+client holds another process can give again. They are coalesced: the answer's first event is
+written at once, later ones at most every ``FLUSH`` seconds, all that came in one ``XADD``
+with the lease's renewal.
 
 A reader that comes to a process that does not hold the answer gets a *shadow* of it: the log
 read from the start and followed (``XREAD``), each event encoded again by a writer of the same
@@ -36,8 +37,11 @@ import streamres
 from streamres.proxy.inbound import Call
 from streamres.proxy.outbound import Writer
 
-__all__ = ["LEASE_MS", "SharedAnswers", "event_from", "event_json"]
+__all__ = ["FLUSH", "LEASE_MS", "SharedAnswers", "event_from", "event_json"]
 
+#: Seconds an answer's events after its first wait to be written together (the first goes at
+#: once: the time to a first event is what a person notices).
+FLUSH = 0.02
 #: A producing process's lease on an answer; renewed every third of it.
 LEASE_MS = 3000
 #: Entries read at once from an answer's log.

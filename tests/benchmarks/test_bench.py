@@ -109,3 +109,21 @@ def test_dedup_benchmark_is_exact_where_it_must_be() -> None:
         assert r["wrongly_dropped_chars"] == 0, r
         assert r["exact_sentence_pct"] == 100.0, r
         assert r["exact_boundary_2tok_pct"] == 100.0, r
+
+
+def test_the_resume_bench_reads_every_answer_on_exactly(tmp_path: pathlib.Path) -> None:
+    """`streamres bench resume`: every answer dropped and read on (in the same process, and
+    through another one sharing Redis when redis-server is installed) is exact."""
+    out = tmp_path / "resume.json"
+    command = [sys.executable, "-m", "streamres", "bench", "resume", "--answers", "3"]
+    got = subprocess.run(
+        [*command, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert got.returncode == 0, got.stdout + got.stderr
+    rows = json.loads(out.read_text())
+    measured = [r for r in rows if "exact" in r]
+    assert measured and all(r["exact"] == "3/3" for r in measured)

@@ -712,3 +712,33 @@ async def test_a_refusal_that_came_with_a_200_is_not_a_success() -> None:
     assert _status_of(exhausted("rate_limit")) == (429, 5.0)
     for broken in ("malformed", "truncated", "stall", "transient", "connection"):
         assert _status_of(exhausted(broken)) == (502, None), broken
+
+
+async def test_the_proxys_connections_send_without_waiting_for_acks() -> None:
+    """The socket the proxy listens on gives connections with Nagle's algorithm off
+    (``TCP_NODELAY``), as asyncio sets it for TCP sockets: with it on, every response on a
+    kept-alive connection waited about 40 ms for the client's delayed ACK between its head
+    and its body (measured: ``GET /v1/models`` 44 ms from the second request on; 1.6 ms)."""
+    import asyncio
+    import socket
+
+    from streamres.proxy.serve import _listening
+
+    sock = _listening("127.0.0.1", 0)
+    nodelay: list[int] = []
+    accepted = asyncio.Event()
+
+    class Seen(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            conn = transport.get_extra_info("socket")
+            nodelay.append(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            accepted.set()
+            transport.close()
+
+    server = await asyncio.get_running_loop().create_server(Seen, sock=sock)
+    async with server:
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        with anyio.fail_after(5):
+            await accepted.wait()
+        writer.close()
+    assert nodelay == [1]

@@ -499,6 +499,16 @@ async def test_another_proxy_reads_an_answer_on_through_redis(redis_server: Any)
             assert _asked(up, question) == 1
             assert b.proxy.answers.find(answer, None) is not None  # followed, not produced
             assert not b.proxy.answers._mismatch
+            # Ended: its keys in Redis expire after ``keep``; no lease is left.
+            import coredis
+
+            await a.proxy.answers.settled()
+            keep = config.answers.keep
+            async with coredis.Redis.from_url(redis_server.url) as r:
+                keys = sorted(k.decode() for k in await r.keys(f"*{answer}*"))
+                assert [k.rsplit(":", 1)[1] for k in keys] == ["log", "meta"]
+                for key in keys:
+                    assert 0 < await r.ttl(key) <= keep + 1
 
 
 async def test_an_answer_outlives_the_proxy_that_started_it(redis_server: Any) -> None:
