@@ -627,3 +627,23 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
                 if process.returncode is None:
                     process.kill()
                 await process.wait()
+
+
+async def test_stop_through_another_proxy_stops_the_answer(redis_server: Any) -> None:
+    """Stop pressed on a page served by another process: the process producing the answer
+    closes its upstream, and both see the answer ``cancelled`` with its partial."""
+    async with Upstream(token_delay=0.05) as up:
+        config = _shared_config(up)
+        async with (
+            running(config, port=0, redis=redis_server.url) as a,
+            running(config, port=0, redis=redis_server.url) as b,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            answer, _ = await _begin(http, a.url, Q[0]["content"], upto=3)
+            stopped = await http.post(f"{b.url}/v1/answers/{answer}/stop")
+            assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
+            with anyio.fail_after(5):
+                await up.wait_streams_done()
+            state = (await http.get(f"{a.url}/v1/answers/{answer}")).json()
+            assert state["status"] == "cancelled" and state["text"]
+            assert up.answer(Q).startswith(state["text"]) and state["text"] != up.answer(Q)
