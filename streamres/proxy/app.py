@@ -341,6 +341,10 @@ class Proxy:
             deadline_at = anyio.current_time() + self.config.deadline
             held = Held(writer, call, owner, chain, kwargs, tenant, deadline_at, parent)
             self.answers.start(held)
+            if not call.stream and self.answers.tasks is None:
+                # Served without the proxy's task group (no ASGI lifespan): nothing would run
+                # the answer once this request ended, so it runs in it.
+                await self.answers.produce_here(held)
             if not call.stream:  # background: the answer runs; it is read later
                 served[2] = 200
                 await _json(send, 200, held.snapshot())

@@ -647,3 +647,30 @@ async def test_stop_through_another_proxy_stops_the_answer(redis_server: Any) ->
             state = (await http.get(f"{a.url}/v1/answers/{answer}")).json()
             assert state["status"] == "cancelled" and state["text"]
             assert up.answer(Q).startswith(state["text"]) and state["text"] != up.answer(Q)
+
+
+async def test_served_without_a_lifespan_answers_still_run() -> None:
+    """The proxy as a bare ASGI app (no lifespan, so no task group of its own): a streamed
+    answer is produced inside its request, and a background one before its response."""
+    import streamres
+    from streamres.proxy.app import Proxy
+
+    async with Upstream(token_delay=0) as up:
+        config = parse({"routes": [{"name": "m", "model": "m", "base_url": up.openai_url}]}, {})
+        async with streamres.Client(**config.client_options()) as client:
+            app = Proxy(client, config)
+            transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+            async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as http:
+                r = await http.post(
+                    "/v1/chat/completions", json={"model": "m", "messages": Q, "stream": True}
+                )
+                events = [e for e in r.text.split("\n\n") if e.startswith("id: ")]
+                text = "".join(_text({"data": e.split("data: ", 1)[1]}) for e in events)
+                assert text == up.answer(Q)
+                r = await http.post(
+                    "/v1/responses",
+                    json={"model": "m", "input": Q[0]["content"], "background": True},
+                )
+                got = r.json()
+                assert got["status"] == "completed"
+                assert got["output"][0]["content"][0]["text"] == up.answer(Q)
