@@ -44,7 +44,7 @@ import streamres
 from streamres._shell.apps import log
 from streamres.proxy.config import HoldLimits
 from streamres.proxy.inbound import Call
-from streamres.proxy.outbound import Writer
+from streamres.proxy.outbound import Writer, answer_usage, responses_usage
 from streamres.proxy.shared_answers import (
     FLUSH,
     LEASE_MS,
@@ -192,7 +192,7 @@ class Held:
             self.status = "incomplete" if ev.finish_reason == "length" else "completed"
             if self.call.api == "responses":
                 self.final = w.snapshot(self.status)
-                self.final["usage"] = _responses_usage(ev)
+                self.final["usage"] = responses_usage(*answer_usage(ev))
         self.log.append(ev)
         self.notify()
 
@@ -255,19 +255,6 @@ def within(context: Any) -> Iterator[None]:
         yield
     finally:
         otel_context.detach(token)
-
-
-def _responses_usage(done: streamres.DoneEvent) -> dict[str, Any]:
-    u = done.usage
-    out = u.output_tokens if u.output_tokens is not None else u.delivered_tokens
-    inp = u.input_tokens or 0
-    return {
-        "input_tokens": inp,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": out,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": inp + out,
-    }
 
 
 class Answers:

@@ -22,7 +22,7 @@ from typing import Any
 from streamres import DoneEvent, StreamError, ToolCallEvent
 from streamres.proxy.inbound import API, Call
 
-__all__ = ["PREFIXES", "Writer", "error_body"]
+__all__ = ["PREFIXES", "Writer", "answer_usage", "error_body", "responses_usage"]
 
 #: The id of an answer in each API starts so; the rest is the answer's own (``Writer.answer``).
 PREFIXES = {"openai": "chatcmpl-", "anthropic": "msg_", "responses": "resp_"}
@@ -53,10 +53,19 @@ def error_body(api: API, status: int, message: str, code: str | None = None) -> 
     return _dump({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
-def _usage(done: DoneEvent) -> tuple[int, int]:
+def answer_usage(done: DoneEvent) -> tuple[int, int]:
+    """The usage a client is told: its prompt and the answer it got, once. For an answer of
+    one attempt, the server's own counts; for one that took more, the answer's tokens (the
+    ledger's count of what was delivered) and the smallest prompt a server reported (the
+    first request's; later ones carried the partial answer too): attempts that failed, and
+    text generated again and dropped, are the proxy's cost, not the client's bill (the
+    library's ``DoneEvent.usage`` keeps the whole cost)."""
     u = done.usage
-    out = u.output_tokens if u.output_tokens is not None else u.delivered_tokens
-    return (u.input_tokens or 0), out
+    if done.attempts <= 1:
+        out = u.output_tokens if u.output_tokens is not None else u.delivered_tokens
+        return (u.input_tokens or 0), out
+    prompts = [a.input_tokens for a in done.history if a.input_tokens is not None]
+    return (min(prompts) if prompts else (u.input_tokens or 0)), u.delivered_tokens
 
 
 class Writer:
@@ -349,7 +358,7 @@ class Writer:
 
     def _done(self, done: DoneEvent) -> bytes:
         self.model = done.model
-        inp, out = _usage(done)
+        inp, out = answer_usage(done)
         finish = done.finish_reason
         if self.api == "openai":
             reason = "stop" if finish == "refusal" else finish
@@ -386,7 +395,7 @@ class Writer:
                 + self._sse("message_stop", {"type": "message_stop"})
             )
         out_bytes = self._responses_close_text()
-        usage = _responses_usage(inp, out)
+        usage = responses_usage(inp, out)
         if finish == "length":
             response = self._response(
                 "incomplete", usage=usage, incomplete_details={"reason": "max_output_tokens"}
@@ -465,7 +474,7 @@ class Writer:
     def body(self, done: DoneEvent) -> bytes:
         """The whole answer as one JSON response in the client's API."""
         self.model = done.model
-        inp, out = _usage(done)
+        inp, out = answer_usage(done)
         calls = done.tool_calls
         if self.api == "openai":
             message: dict[str, Any] = {"role": "assistant", "content": done.text or None}
@@ -533,13 +542,13 @@ class Writer:
                 }
             )
         status = "incomplete" if done.finish_reason == "length" else "completed"
-        extra: dict[str, Any] = {"usage": _responses_usage(inp, out)}
+        extra: dict[str, Any] = {"usage": responses_usage(inp, out)}
         if status == "incomplete":
             extra["incomplete_details"] = {"reason": "max_output_tokens"}
         return _dump(self._response(status, **extra))
 
 
-def _responses_usage(inp: int, out: int) -> dict[str, Any]:
+def responses_usage(inp: int, out: int) -> dict[str, Any]:
     return {
         "input_tokens": inp,
         "input_tokens_details": {"cached_tokens": 0},

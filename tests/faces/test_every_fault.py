@@ -333,3 +333,35 @@ async def test_a_fast_model_suddenly_slow_to_its_first_token_moves_to_the_fallba
             text, _, done = await collect(client.stream(USER, model=["a", "b"]))
     assert text == up.answer(USER) and done.model == "b"
     assert done.history[0].outcome == "stall" and done.elapsed < 30
+
+
+@ON_ASYNCIO
+async def test_the_proxy_bills_the_answer_not_its_failed_attempts() -> None:
+    """An answer cut twice and resumed: the completion tokens the client is told are the
+    answer it got, counted once — not the failed attempts' output, nor text generated again
+    and dropped, which the library's own usage keeps as the cost."""
+    import openai
+
+    async with running(port=0, faults="error@20,reset@40", token_delay=0) as run:
+        assert run.upstream is not None
+        sdk = openai.AsyncOpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0)
+        try:
+            chunks = [
+                c
+                async for c in await sdk.chat.completions.create(
+                    model="demo",
+                    messages=USER,  # type: ignore[arg-type]
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            ]
+        finally:
+            await sdk.close()
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        usage = chunks[-1].usage
+        assert text == run.upstream.answer(USER) and usage is not None
+        assert len(run.upstream.requests) == 3
+        from streamres._core.tokens import counter_for
+
+        _, count = counter_for("demo-large")
+        assert usage.completion_tokens == count(text)
