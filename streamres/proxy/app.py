@@ -273,14 +273,7 @@ class Proxy:
         state, its lease in Redis — or refused."""
         if not self.clients:
             return None, None
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        given = headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
-        state = next(
-            (c for c in self.clients if hmac.compare_digest(c.key.key.encode(), given.encode())),
-            None,
-        )
-        if state is None:
-            raise _Refused(401, "invalid API key: give one of the proxy's client keys")
+        state = self._client_of(headers)
         key = state.key
         quota = self._fleet_quota() if key.max_in_flight or key.requests_per_minute else None
         if quota is not None:
@@ -466,13 +459,16 @@ class Proxy:
     def _reader(self, headers: dict[str, str]) -> str | None:
         """Whose answers this request may read: its client key's name (``None`` without
         keys); a missing or wrong key is refused, as for a new answer."""
-        if not self.clients:
-            return None
+        return self._client_of(headers).key.name if self.clients else None
+
+    def _client_of(self, headers: dict[str, str]) -> _ClientState:
+        """The client key a request gives (``x-api-key``, or ``Authorization: Bearer``), or a
+        401."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
         given = headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
         for c in self.clients:
             if hmac.compare_digest(c.key.key.encode(), given.encode()):
-                return c.key.name
+                return c
         raise _Refused(401, "invalid API key: give one of the proxy's client keys")
 
     async def _stopping(self, call: Call, writer: Writer, send: Send, served: list[Any]) -> None:

@@ -73,7 +73,7 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import streamres
 from streamres._shell.apps import (
@@ -87,6 +87,8 @@ from streamres._shell.apps import (
 )
 
 __all__ = ["ClientKey", "Config", "ConfigError", "HoldLimits", "ServerLimits", "load"]
+
+_T = TypeVar("_T")
 
 
 class ConfigError(ValueError):
@@ -265,6 +267,19 @@ def _positive(key: str, policy: Mapping[str, Any], default: float) -> float:
     return float(value)
 
 
+def _table(raw: Mapping[str, Any], name: str, cls: type[_T]) -> _T:
+    """The dataclass of limits a table names (``[server]``, ``[answers]``), its values checked
+    by the class; a bad one is one line naming it."""
+    table = raw.get(name) or {}
+    if not isinstance(table, Mapping):
+        fields = ", ".join(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        raise ConfigError(f"[{name}]: a table ({fields}; see the README)")
+    try:
+        return cls(**table)
+    except ValueError as exc:
+        raise ConfigError(f"[{name}]: {exc}") from None
+
+
 def _known(where: str, raw: Any, known: Iterable[str], what: str = "key") -> None:
     """Refuse a key (or a table) the file names that is not one of ``known``: a misspelt one
     would be ignored and what the user set lost."""
@@ -390,20 +405,8 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     public = operator.get("public_health", False)
     if not isinstance(public, bool):
         raise ConfigError("[operator]: public_health = true or false")
-    server = raw.get("server") or {}
-    if not isinstance(server, Mapping):
-        raise ConfigError("[server]: a table of limits (see the README)")
-    try:
-        limits = ServerLimits(**server)
-    except ValueError as exc:
-        raise ConfigError(f"[server]: {exc}") from None
-    answers = raw.get("answers") or {}
-    if not isinstance(answers, Mapping):
-        raise ConfigError("[answers]: a table (hold, keep, max_answers; see the README)")
-    try:
-        held = HoldLimits(**answers)
-    except ValueError as exc:
-        raise ConfigError(f"[answers]: {exc}") from None
+    limits = _table(raw, "server", ServerLimits)
+    held = _table(raw, "answers", HoldLimits)
     policy = raw.get("policy") or {}
     stall = policy.get("stall_timeout", 0)
     answer = policy.get("max_answer_chars", ANSWER)

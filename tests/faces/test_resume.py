@@ -76,12 +76,17 @@ BODIES = {
 
 
 async def _start(
-    http: httpx.AsyncClient, url: str, api: str, upto: int, headers: dict[str, str] | None = None
+    http: httpx.AsyncClient,
+    url: str,
+    api: str,
+    upto: int,
+    body: dict[str, Any] | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
-    """Start an answer and read its first ``upto`` events, then go (the connection closed)."""
-    path, body = BODIES[api]
+    """Start an answer (``body``: instead of the API's usual one) and read its first ``upto``
+    events, then go (the connection closed)."""
+    path, usual = BODIES[api]
     got: list[dict[str, Any]] = []
-    async with http.stream("POST", url + path, json=body, headers=headers) as r:
+    async with http.stream("POST", url + path, json=body or usual) as r:
         assert r.status_code == 200, await r.aread()
         answer = r.headers["x-streamres-answer"]
         async for ev in _events(r):
@@ -466,15 +471,7 @@ async def _begin(
     http: httpx.AsyncClient, url: str, question: str, upto: int
 ) -> tuple[str, list[dict[str, Any]]]:
     body = {"model": "m", "messages": [{"role": "user", "content": question}], "stream": True}
-    got: list[dict[str, Any]] = []
-    async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200, await r.aread()
-        answer = r.headers["x-streamres-answer"]
-        async for ev in _events(r):
-            got.append(ev)
-            if len(got) == upto:
-                break
-    return answer, got
+    return await _start(http, url, "openai", upto, body)
 
 
 async def test_another_proxy_reads_an_answer_on_through_redis(redis_server: Any) -> None:
