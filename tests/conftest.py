@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -13,8 +14,11 @@ from streamres.upstream import Upstream
 from tests.helpers.redis import RedisServer
 
 # Shared machines are noisy: a property is about results, never about how long an example took.
-settings.register_profile("streamres", deadline=None)
-settings.load_profile("streamres")
+# The suite's properties are seeded (the same examples every run, so a red run is the change's);
+# STREAMRES_HYPOTHESIS=fuzz draws fresh examples, ten times as many, for a longer search.
+settings.register_profile("streamres", deadline=None, derandomize=True, database=None)
+settings.register_profile("fuzz", deadline=None, max_examples=1000)
+settings.load_profile("fuzz" if os.environ.get("STREAMRES_HYPOTHESIS") == "fuzz" else "streamres")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -120,6 +120,12 @@ def repeats_the_end(d: str, new: str) -> bool:
     return any(d[k:].strip() and new.startswith(d[k:]) for k in range(len(d)))
 
 
+def restarts_and_stops(d: str, new: str) -> bool:
+    """``new`` is wholly a copy of ``d`` from its start or a seam: a restart that stopped before
+    it caught up, which adds nothing (the machine asks again), whatever the bytes meant."""
+    return any(d.startswith(new, k) for k in range(len(d)) if k == 0 or seam(d, k))
+
+
 @given(texts, texts, st.lists(st.integers(min_value=0), max_size=6), st.data())
 def test_never_drops_new_text_that_shares_words_and_phrases(
     d: str, new: str, cuts: list[int], data: st.DataObject
@@ -131,7 +137,7 @@ def test_never_drops_new_text_that_shares_words_and_phrases(
         a = data.draw(st.integers(0, len(d) - 2))
         b = data.draw(st.integers(a + 1, min(len(d), a + 40)))
         new = d[a:b] + new  # a coincidental near-repeat of an earlier phrase
-    assume(not repeats_the_end(d, new))
+    assume(not repeats_the_end(d, new) and not restarts_and_stops(d, new))
     out = run(d, chunked(new, cuts))
     assert out == run(d, [new])
     assert out == new or (out == " " + new and not d[-1].isspace() and new[0].isalnum())
