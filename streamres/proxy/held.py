@@ -101,6 +101,8 @@ class Held:
     _moved: anyio.Event | None = None
     #: A shadow's place in the answer's log in Redis (the last entry applied).
     entry: str = "0"
+    #: Library events in the answer's log in Redis: written (its producer), applied (a shadow).
+    logged: int = 0
     _scope: anyio.CancelScope | None = None
     _stopping: bool = False
     _lingers: int = 0
@@ -491,6 +493,7 @@ class Answers:
             self._alone(held)
             return
         renew = LEASE_MS / 3000
+        written = self.clock()  # the lease's last renewal
         while held.outbox is not None:
             if not held.outbox and not held.log.ended and not held.parked:
                 with anyio.move_on_after(renew):
@@ -503,9 +506,17 @@ class Answers:
             upto = len(held.blocks)
             ended = held.log.ended
             stop = await shared.write(held, entries, held.status if ended else None)
-            if stop is None:
-                self._alone(held)
-                return
+            while stop is None:
+                # Redis did not answer (or not in time): while the lease may still stand, wait
+                # for it and write the same again; past that, another process may adopt the
+                # answer, and this one's readers are served from here alone.
+                with anyio.move_on_after(max(0.0, written + LEASE_MS / 1000 - 0.5 - self.clock())):
+                    await shared.shared.back()
+                if not shared.shared.connected:
+                    self._alone(held)
+                    return
+                stop = await shared.write(held, entries, held.status if ended else None)
+            written = self.clock()
             held.durable = upto
             held.notify()
             if ended:
@@ -575,9 +586,15 @@ class Answers:
         """Log entries from Redis, applied to a shadow: each event encoded again (the same
         bytes as its producer's, which are checked)."""
         for entry_id, fields in entries:
+            held.entry = entry_id
+            at = fields.get("at")
+            if held.log.ended or (at is not None and int(at) < held.logged):
+                continue  # a write its producer sent again: Redis had the first
             before = len(held.blocks)
-            for obj in json.loads(fields.get("e") or "[]"):
+            events = json.loads(fields.get("e") or "[]")
+            for obj in events:
                 held.add(event_from(obj))
+            held.logged += len(events)
             end = fields.get("end")
             if end == "failed":
                 error = json.loads(fields.get("error") or "{}")
@@ -590,7 +607,6 @@ class Answers:
             if made != fields.get("b", "") and not self._mismatch:
                 self._mismatch = True
                 log.warning("streamres.proxy_answer_replay_differs", answer=held.id)
-            held.entry = entry_id
 
     async def _follow_shared(self, held: Held) -> None:
         """Follow a shadow's log to the answer's end; adopt it if its process is gone; let it

@@ -148,11 +148,18 @@ class SharedAnswers:
     ) -> bool | None:
         """Append ``entries`` (events and their encoded bytes) in one log entry, renew the
         lease; ``end``: the answer ended so (its keys then expire after ``keep``). True when
-        another process asked for the answer to be stopped; ``None``: Redis did not answer."""
+        another process asked for the answer to be stopped; ``None``: Redis did not answer
+        (the same write may be sent again: readers skip an entry they have)."""
         meta, logkey, lease = self._keys(held.id)
         events = [e for e, _ in entries if e is not None]
         data = b"".join(b for _, b in entries).decode("utf-8")
-        entry: dict[str, str] = {"e": json.dumps(events, ensure_ascii=False), "b": data}
+        # ``at``: the events logged before these, so that a write sent again (Redis answered
+        # the first too late to tell) is read once.
+        entry: dict[str, str] = {
+            "e": json.dumps(events, ensure_ascii=False),
+            "b": data,
+            "at": str(held.logged),
+        }
         if end is not None:
             entry["end"] = end
             if held.log.error is not None:
@@ -179,6 +186,7 @@ class SharedAnswers:
         got = await self._do("write", send)
         if got is None:
             return None
+        held.logged += len(events)
         return bool(end is None and got[0])
 
     async def release(self, answer_id: str) -> None:

@@ -508,6 +508,74 @@ async def test_another_proxy_reads_an_answer_on_through_redis(redis_server: Any)
                     assert 0 < await r.ttl(key) <= keep + 1
 
 
+async def test_a_redis_that_answers_late_for_a_moment_is_written_on(
+    redis_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis holds its writes back for 0.8 s mid-answer (as a busy machine can): the producing
+    proxy's write goes unanswered in time, it waits for Redis and writes the same again — the
+    other proxy reads the answer exact, each event once, and never adopts it (the upstream was
+    asked once)."""
+    import coredis
+
+    async with Upstream(token_delay=0.03) as up:
+        config = _shared_config(up)
+        async with (
+            running(config, port=0, redis=redis_server.url) as a,
+            running(config, port=0, redis=redis_server.url) as b,
+            httpx.AsyncClient(timeout=30) as http,
+            coredis.Redis.from_url(redis_server.url) as r,
+        ):
+            question = "Explain TCP slow start in a few sentences."
+            answer, first = await _begin(http, a.url, question, upto=5)
+            await r.client_pause(800, coredis.PureToken.WRITE)
+            rest = await _read_on(http, b.url, answer, first[-1]["id"])
+            every = first + rest
+            assert [int(e["id"]) for e in every] == list(range(len(every)))
+            assert "".join(_text(e) for e in every) == up.answer(
+                [{"role": "user", "content": question}]
+            )
+            assert _asked(up, question) == 1
+            held = b.proxy.answers.find(answer, None)
+            assert held is not None and held.shadow  # followed, never adopted
+            assert "streamres.shared_unavailable" in caplog.text  # a write went unanswered
+
+
+async def test_a_write_that_landed_twice_is_read_once(redis_server: Any) -> None:
+    """A write Redis carried out after its producer had given up on it, then the same sent
+    again: the log holds an entry twice; another proxy reading it gives each event once."""
+    import coredis
+
+    async with Upstream(token_delay=0.005) as up:
+        config = _shared_config(up)
+        async with (
+            running(config, port=0, redis=redis_server.url) as a,
+            running(config, port=0, redis=redis_server.url) as b,
+            httpx.AsyncClient(timeout=30) as http,
+            coredis.Redis.from_url(redis_server.url) as r,
+        ):
+            question = "Explain TCP slow start in a few sentences."
+            answer, _ = await _begin(http, a.url, question, upto=1)
+            whole = await _read_on(http, a.url, answer, None)
+            await a.proxy.answers.settled()
+            # The same answer under another id, its log with one entry twice.
+            twin = answer[:-4] + ("0000" if not answer.endswith("0000") else "1111")
+            shared = a.proxy.answers.shared
+            assert shared is not None
+            (meta, log, _), (meta2, log2, _) = shared._keys(answer), shared._keys(twin)
+            await r.hset(meta2, await r.hgetall(meta))
+            entries = await r.xrange(log)
+            assert len(entries) >= 3
+            for i, e in enumerate(entries):
+                await r.xadd(log2, dict(e.field_values))
+                if i == 1:
+                    await r.xadd(log2, dict(e.field_values))
+            again = await _read_on(http, b.url, twin, None)
+            assert [_text(e) for e in again] == [_text(e) for e in whole]
+            assert "".join(_text(e) for e in again) == up.answer(
+                [{"role": "user", "content": question}]
+            )
+
+
 async def test_an_answer_outlives_the_proxy_that_started_it(redis_server: Any) -> None:
     """Answers in flight on a proxy that stops: another proxy sharing Redis adopts each when
     its lease lapses and continues it from what was delivered — every answer exact, each

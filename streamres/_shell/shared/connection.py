@@ -63,6 +63,8 @@ class Connection(Limits):
         self._held: dict[str, list[str | None]] = {}  # route -> lease ids (None: local)
         self._leases: dict[str, list[str]] = {}  # lease id -> its keys
         self._released = anyio.Event()
+        #: Set when Redis answers again (made when first waited for).
+        self._rejoined: anyio.Event | None = None
         #: The fleet's epoch as this process last saw it ('' before the first slot), and the
         #: one recovery at a time when Redis turns out to have lost the leases.
         self._epoch = ""
@@ -131,6 +133,17 @@ class Connection(Limits):
             self._shrunk = []
             self.fleet.notes = []
             log.info("streamres.shared_rejoined", url=redact_url(self.url))
+            if self._rejoined is not None:
+                self._rejoined.set()
+                self._rejoined = None
+
+    async def back(self) -> None:
+        """Wait until Redis answers again (at once when it does now)."""
+        if self.connected:
+            return
+        if self._rejoined is None:
+            self._rejoined = anyio.Event()
+        await self._rejoined.wait()
 
     async def _call(
         self, name: str, keys: list[str], args: list[Any], *, rejoining: bool = False
