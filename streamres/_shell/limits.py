@@ -16,6 +16,7 @@ import anyio.lowlevel
 
 from streamres._core.lanes import NORMAL, Line
 from streamres._fleet.routes import Route
+from streamres._shell.connects import Connects
 from streamres._shell.lag import LoopLag
 
 __all__ = ["Limits", "Slots"]
@@ -86,6 +87,8 @@ class Limits:
         self._changed = anyio.Event()
         #: How late the client's event loop runs (its ``Client`` keeps it measured).
         self.lag = LoopLag()
+        #: The pace new connections to each server are opened at.
+        self.connects = Connects()
 
     def notify(self) -> None:
         """A model's state changed (an outcome was recorded): wake the streams waiting on it."""

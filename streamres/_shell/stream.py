@@ -47,11 +47,13 @@ from streamres._core.classify import Failure, failure
 from streamres._core.errors import InvalidRequest, StreamError
 from streamres._core.events import Event
 from streamres._core.inflate import ACCEPT_ENCODING
+from streamres._core.pace import Outcome
 from streamres._core.policy import connect_allowance
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT, HEADERS
 from streamres._core.tokens import Counter, counter_for
 from streamres._fleet.fleet import Fleet
+from streamres._shell.connects import Connects, Turn
 from streamres._shell.limits import Limits
 from streamres._shell.log import log, mask_http_logs
 from streamres._shell.shared import SharedState
@@ -291,12 +293,23 @@ def _transport_failure(exc: Exception, url: str) -> Failure:
 _SERVED = ("connect_tcp.started", "send_request_headers.started")
 
 
+def _server(url: httpx.URL) -> str:
+    """The server a connection goes to (its connect pace's key)."""
+    return f"{url.scheme}://{url.host}:{url.port or (443 if url.scheme == 'https' else 80)}"
+
+
 async def _send(
-    client: httpx.AsyncClient, request: httpx.Request, *, t_end: float, stall: float
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    *,
+    t_end: float,
+    stall: float,
+    connects: Connects | None = None,
 ) -> tuple[httpx.Response | None, Failure | None, float]:
     """Send ``request`` and wait for the response headers: (response, failure, queued seconds).
 
-    Three waits, three bounds. Queued for a pooled connection (other streams hold them all):
+    Four waits, four bounds. Queued for a pooled connection (other streams hold them all), or
+    for room in the server's connect window (``connects``: the pace it accepts new ones at):
     only the deadline, since that says nothing about the model. Connecting: httpx's connect
     timeout. Request sent, waiting for headers: the stall timer. httpcore's trace hook says
     when each phase begins; redirects are never followed (a key must not go to another origin).
@@ -304,9 +317,23 @@ async def _send(
     started = anyio.current_time()
     served: list[float] = []
     response: httpx.Response | None = None
+    turn: list[Turn] = []  # the connect's room in its server's window, while it connects
+    server = _server(request.url) if connects is not None else ""
+
+    def connected(outcome: Outcome) -> None:
+        if connects is not None and turn:
+            connects.end(server, turn.pop(), outcome)
+
     with anyio.CancelScope(deadline=t_end) as scope:
 
         async def trace(name: str, info: Mapping[str, Any]) -> None:
+            if connects is not None and name.endswith("connect_tcp.started"):
+                turn.append(await connects.start(server))
+            elif name.endswith("connect_tcp.complete"):
+                connected("connected")
+            elif name.endswith("connect_tcp.failed"):
+                cancelled = isinstance(info.get("exception"), anyio.get_cancelled_exc_class())
+                connected("unknown" if cancelled else "failed")  # refused or timed out
             if not served and name.endswith(_SERVED):
                 served.append(anyio.current_time())
             if name.endswith("send_request_headers.started"):
@@ -321,6 +348,8 @@ async def _send(
         except httpx.HTTPError as exc:
             why = str(exc) or type(exc).__name__
             return None, failure("connection", f"the request failed ({why})"), 0.0
+        finally:
+            connected("unknown")  # a connect still in progress (cancelled): its room back
     t = anyio.current_time()
     queued = (served[0] if served else t) - started
     if response is not None:
@@ -434,7 +463,14 @@ class _Shell:
         except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
             why = f"cannot build the request to {redact_url(req.url)}: {exc}"
             raise m.unbuildable(why) from exc
-        response, fail, queued = await _send(self.client, request, t_end=act.until, stall=act.stall)
+        connects = self.limits.connects if self.limits is not None else None
+        response, fail, queued = await _send(
+            self.client,
+            request,
+            t_end=act.until,
+            stall=act.stall,
+            connects=connects,
+        )
         if response is None:
             assert fail is not None
             return m.send_failed(fail, now(), queued=queued, late=self.late())

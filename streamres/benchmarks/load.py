@@ -8,7 +8,13 @@ and counts the answers that are exactly the upstream's. The storm: the upstream 
 connections and breaks 20 % of the streams mid-way (``--chaos 0.02,0.2,0``, seeded), which
 every answer must survive. Reported per run: exact answers, wall time, CPU seconds (this
 process for a ``Client``; the proxy process for the proxy) and per stream, peak RSS and per
-stream, the breaker's openings and the attempts that failed on the client's side.
+stream, the breaker's openings and the attempts that failed on the client's side; through a
+``Client``, the connects that waited for room in the server's connect window (the connect pace)
+and the most that were ever in progress at once.
+
+``--busy N`` starts N processes that only burn CPU for the length of each run: a machine
+starved of CPU (more work than cores), where the client's event loop runs late and a burst's
+connects are seen to complete late.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import contextlib
 import itertools
 import json
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,6 +102,7 @@ async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
 
         exact, others = await _exact(n, answer, expected)
         m = client.metrics()["m"]
+        paces = client._limits.connects.paces.values() if client._limits is not None else ()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     opened = sum(1 for _, state in m.breaker_changes if state == "open")
@@ -106,7 +114,21 @@ async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
         "rss_mib": rss,
         "breaker_opened": opened,
         "client_side": m.client_side_failures,
+        "connects_waited": sum(p.waited for p in paces),
+        "connects_at_once": max((p.most for p in paces), default=0),
     }
+
+
+@contextlib.contextmanager
+def _busy(n: int) -> Any:
+    """``n`` processes that burn CPU until the block ends."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
 
 
 async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str, Any]:
@@ -169,11 +191,12 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     _,
                 ):
                     if path == "client":
-                        got = await _through_client(up, n, expected)
+                        with _busy(args.busy):
+                            got = await _through_client(up, n, expected)
                     else:
-                        with _proxy(up) as (proxy, pid):
+                        with _proxy(up) as (proxy, pid), _busy(args.busy):
                             got = await _through_proxy(proxy, pid, n, expected)
-                row = {"path": path, "faults": faults, "streams": n, **got}
+                row = {"path": path, "faults": faults, "busy": args.busy, "streams": n, **got}
                 row["cpu_ms_per_stream"] = got["cpu_s"] * 1000 / n
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -188,6 +211,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--faults", nargs="+", default=["none", "storm"], choices=["none", "storm"])
     p.add_argument("--words", type=int, default=25)
     p.add_argument("--token-delay", type=float, default=0.1)
+    p.add_argument(
+        "--busy", type=int, default=0, help="processes burning CPU during each run (default 0)"
+    )
     p.add_argument("--json", default="", help="also write the rows here")
     args = p.parse_args(argv)
     rows = anyio.run(_run, args)
@@ -195,6 +221,7 @@ def main(argv: list[str]) -> int:
     columns = [
         "path",
         "faults",
+        "busy",
         "streams",
         "exact",
         "wall_s",
@@ -203,6 +230,8 @@ def main(argv: list[str]) -> int:
         "rss_mib",
         "breaker_opened",
         "client_side",
+        "connects_waited",
+        "connects_at_once",
     ]
     print(table(rows, columns))
     for row in rows:
