@@ -11,6 +11,10 @@ and under hypercorn for comparison; LiteLLM's proxy when it is installed), clien
 - fan-out: N concurrent slow streams through one proxy process — every answer exact, the
   proxy's peak RSS and CPU;
 - mid-stream faults through each proxy: is the answer the client gets the upstream's text?
+- per request: the time to the first token and to the whole answer (p50, p99) of short
+  answers at full speed, one request at a time and ten at once, over one kept-alive client —
+  straight, through a bare relay (``benchmarks/relay``: bytes passed on, nothing read) and
+  through each proxy, all in the same run.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ def _process(
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _upstream(*extra: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
@@ -324,6 +331,95 @@ async def _faults_through(words: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _relay(upstream: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    argv = [sys.executable, "-m", "streamres.benchmarks.relay", upstream]
+    return _process(argv, "bare relay on")
+
+
+def _text_of(raw: bytes) -> str:
+    """The answer's text in a Chat Completions SSE body."""
+    text = []
+    for line in raw.decode("utf-8").splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:]).get("choices") or []:
+                text.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(text)
+
+
+async def _timed(
+    url: str, concurrency: int, requests: int, words: int
+) -> tuple[list[float], list[float], list[bytes]]:
+    """``requests`` answers, ``concurrency`` at a time over one kept-alive client: each one's
+    seconds to its first token and to its end, and its body."""
+    body = {"model": "m", "messages": Q, "stream": True}
+    headers = {"x-upstream-words": str(words), "authorization": f"Bearer {_KEY}"}
+    first: list[float] = []
+    total: list[float] = []
+    bodies: list[bytes] = []
+    left = requests
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                t0 = time.perf_counter()
+                got, seen = b"", None
+                async with client.stream(
+                    "POST", url + "/v1/chat/completions", json=body, headers=headers
+                ) as r:
+                    async for chunk in r.aiter_raw():
+                        got += chunk
+                        if seen is None and b'"content":"' in got.replace(b'"content":""', b""):
+                            seen = time.perf_counter() - t0
+                total.append(time.perf_counter() - t0)
+                first.append(seen if seen is not None else total[-1])
+                bodies.append(got)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(worker)
+    return first, total, bodies
+
+
+async def _per_request(requests: int, words: int) -> list[dict[str, Any]]:
+    """Per request, at concurrency 1 and 10: straight, through a bare relay, through each
+    proxy — the time to the first token and to the end, and what the proxy adds to each."""
+    rows: list[dict[str, Any]] = []
+    with _upstream("--token-delay", "0", "--words", str(words)) as (up, _):
+        want = answer_for(Q, words=words)
+        paths: list[tuple[str, Any]] = [
+            ("straight to the upstream", lambda: contextlib.nullcontext((up, 0))),
+            ("bare relay", lambda: _relay(up)),
+            *((_label(s), lambda s=s: _proxy(up, s)) for s in _servers()),
+        ]
+        for label, start in paths:
+            with start() as (url, _pid):
+                for concurrency in (1, 10):
+                    await _timed(url, concurrency, 10, words)  # warm: connections, caches
+                    first, total, bodies = await _timed(url, concurrency, requests, words)
+                    exact = sum(_text_of(b) == want for b in bodies)
+                    rows.append(
+                        {
+                            "path": label,
+                            "concurrency": concurrency,
+                            "requests": requests,
+                            "exact": exact,
+                            "first_p50_ms": _q(first, 0.5),
+                            "first_p99_ms": _q(first, 0.99),
+                            "total_p50_ms": _q(total, 0.5),
+                            "total_p99_ms": _q(total, 0.99),
+                        }
+                    )
+    base = {r["concurrency"]: r for r in rows if r["path"] == "straight to the upstream"}
+    for r in rows:
+        b = base[r["concurrency"]]
+        for k in ("first_p50_ms", "first_p99_ms", "total_p50_ms", "total_p99_ms"):
+            r["added_" + k] = r[k] - b[k]
+    return rows
+
+
 async def _all(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     report: dict[str, Any] = {}
@@ -335,6 +431,8 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
     report["fanout"] = await _fanout(20 if quick else args.streams, 40)
     print("mid-stream faults…", file=sys.stderr)
     report["faults"] = await _faults_through(60)
+    print("per request…", file=sys.stderr)
+    report["requests"] = await _per_request(50 if quick else args.requests, 20)
     return report
 
 
@@ -342,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="streamres bench proxy", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, one run (a smoke test)")
     p.add_argument("--streams", type=int, default=1000, help="concurrent streams in the fan-out")
+    p.add_argument(
+        "--requests", type=int, default=500, help="requests per path and concurrency, per request"
+    )
     p.add_argument("--json", default="bench-proxy.json", help="where to write the results")
     args = p.parse_args(argv)
     report = anyio.run(_all, args)
@@ -353,8 +454,27 @@ def main(argv: list[str] | None = None) -> int:
     print(table([report["fanout"]]))
     print("\nMid-stream faults (error@20, reset@40): what the client got")
     print(table(report["faults"]))
+    print("\nPer request (ms; 20-word answers at full speed, over one kept-alive client)")
+    print(
+        table(
+            report["requests"],
+            [
+                "path",
+                "concurrency",
+                "exact",
+                "first_p50_ms",
+                "first_p99_ms",
+                "total_p50_ms",
+                "total_p99_ms",
+                "added_first_p50_ms",
+                "added_total_p50_ms",
+                "added_total_p99_ms",
+            ],
+        )
+    )
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     print(f"\nwritten to {args.json}")
     fan = report["fanout"]
-    return 0 if fan["exact"] == fan["streams"] else 1
+    whole = all(r["exact"] == r["requests"] for r in report["requests"])
+    return 0 if fan["exact"] == fan["streams"] and whole else 1

@@ -127,3 +127,19 @@ def test_the_resume_bench_reads_every_answer_on_exactly(tmp_path: pathlib.Path) 
     rows = json.loads(out.read_text())
     measured = [r for r in rows if "exact" in r]
     assert measured and all(r["exact"] == "3/3" for r in measured)
+
+
+def test_the_per_request_bench_reads_every_path_exactly() -> None:
+    """``bench proxy``'s per-request part: straight, through the bare relay and through the
+    proxy, one at a time and ten at once — every answer the upstream's, in the same run (its
+    timings are not asserted)."""
+    import anyio
+
+    from streamres.benchmarks.proxy import _per_request
+
+    rows = anyio.run(_per_request, 12, 20)
+    paths = {r["path"] for r in rows}
+    assert {"straight to the upstream", "bare relay", "streamres proxy (uvicorn)"} <= paths
+    assert {(r["path"], r["concurrency"]) for r in rows} == {(p, c) for p in paths for c in (1, 10)}
+    assert all(r["exact"] == r["requests"] == 12 for r in rows)
+    assert all(0 < r["first_p50_ms"] <= r["total_p50_ms"] for r in rows)
