@@ -900,6 +900,7 @@ class Answer:
             fallback_after=opts.fallback_after,
             reached=at.reached,
             too_long=self.too_long,
+            windows=[self.fleet.routes[i].context_window for i in opts.chain],
         )
         tokens = self.d.tokens() if self.chars else 0
         route = at.route

@@ -5,7 +5,9 @@ The rules, in order:
 1. a permanent error (bad request, auth, not found, quota) is never retried; a request longer
    than the model's context window (``context_length``) is never sent to that model again,
    but goes on to the next model of the chain that has not refused it for its length (a
-   larger window may take it), and is refused, naming the limit, when none is left;
+   larger window may take it) — where routes declare their windows, a larger one first, and
+   never one no larger than the window that refused it — and is refused, naming the limit,
+   when none is left;
 2. time that ran out ends the answer as a deadline (never as the attempt cap);
 3. the optional attempt cap ends the answer;
 4. a URL that has never answered and cannot be reached (refused, DNS, TLS, connect timeout) gets
@@ -108,19 +110,19 @@ def decide(
     fallback_after: int,
     reached: bool = True,
     too_long: Sequence[bool] = (),
+    windows: Sequence[int | None] = (),
 ) -> Decision:
     """``failures[i]``: consecutive failures of model ``i``, this one included; ``reached``:
     the current model's server has answered at least once (in this process); ``too_long[i]``:
-    model ``i`` refused this answer's request for its length (this one included)."""
+    model ``i`` refused this answer's request for its length (this one included);
+    ``windows[i]``: model ``i``'s context window in tokens, where its route declares one."""
     if failure.kind == "permanent":
         return Decision("give_up", error="rejected", why=failure.message)
     if failure.kind == "context_length":
-        n = len(failures)
-        for step in range(1, n):
-            nxt = (model_index + step) % n
-            if not (too_long[nxt] if nxt < len(too_long) else False):
-                return Decision("switch", model_index=nxt)
-        whose = "every model of the chain" if n > 1 else "the model"
+        nxt = _longer(model_index, len(failures), too_long, windows)
+        if nxt is not None:
+            return Decision("switch", model_index=nxt)
+        whose = "every model of the chain" if len(failures) > 1 else "the model"
         why = f"it is longer than the context window of {whose}"
         return Decision("give_up", error="rejected", why=why)
     if failure.kind == "deadline" or time_left <= 0:
@@ -173,6 +175,30 @@ def decide(
     else:
         why = f"the next retry ({delay:.1f} s away) would come after the deadline"
     return Decision("give_up", error="deadline", why=why)
+
+
+def _longer(
+    refused: int, n: int, too_long: Sequence[bool], windows: Sequence[int | None]
+) -> int | None:
+    """Rule 3b: after a refusal for length, the model to try — in the chain's order, one that
+    has not refused, a declared larger window first; never one whose declared window is no
+    larger than the refusing model's (it would refuse too). ``None``: no model is left."""
+
+    def window(i: int) -> int | None:
+        return windows[i] if i < len(windows) else None
+
+    left = [
+        i
+        for i in ((refused + step) % n for step in range(1, n))
+        if not (too_long[i] if i < len(too_long) else False)
+    ]
+    limit = window(refused)
+    if limit is not None:
+        left = [i for i in left if (window(i) or limit + 1) > limit]
+        larger = [i for i in left if window(i) is not None]
+        if larger:
+            return larger[0]
+    return left[0] if left else None
 
 
 def _last_try(hint: float | None, time_left: float) -> float | None:

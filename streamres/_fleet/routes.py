@@ -44,6 +44,15 @@ class Route:
     #: to go to (default: the answer's ``header_timeout``, 10 s); for a server that sends its
     #: headers only once the prompt is read (a local model on a CPU), give it more.
     header_timeout: float | None = None
+    #: The model's context window in tokens, when known: a request refused for its length
+    #: goes to a model of the chain with a larger window first, and never to one with a
+    #: window no larger than the one that refused it.
+    context_window: int | None = None
+
+    def __post_init__(self) -> None:
+        w = self.context_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w <= 0):
+            raise ValueError(f"context_window must be a positive number of tokens, not {w!r}")
 
     @property
     def key(self) -> str:

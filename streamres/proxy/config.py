@@ -22,6 +22,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     weight = 1.0
     max_in_flight = 5
     header_timeout = 10       # this route's own header bound (a local CPU model: give it more)
+    context_window = 128000   # tokens: a request too long for one model goes to a larger one
 
     [models]                  # aliases a client may ask for -> fallback chains of routes
     chat = ["gpt", "claude"]
@@ -232,6 +233,7 @@ _ROUTE_KEYS = {
     "account",
     "continuation",
     "header_timeout",
+    "context_window",
 }
 
 #: The tables of ``routes.toml`` and the keys of each (``routes`` is checked per route).

@@ -93,6 +93,24 @@ def test_consecutive_failures_switch() -> None:
     assert (d.action, d.model_index) == ("switch", 0)  # type: ignore[attr-defined]
 
 
+def test_a_length_refusal_goes_to_a_declared_larger_window_first() -> None:
+    """Refused for its length by a model of 8k: the chain's next model declaring 4k is
+    skipped (it would refuse too), the one declaring 128k goes before an undeclared one."""
+    f = Failure("context_length", "maximum context length is 8192 tokens", 400)
+    chain = {"failures": [1, 0, 0, 0], "too_long": [True, False, False, False]}
+    d = _decide(f, **chain, windows=[8192, 4096, None, 131072])
+    assert (d.action, d.model_index) == ("switch", 3)  # type: ignore[attr-defined]
+    # Undeclared windows: the chain's order, as before.
+    d = _decide(f, **chain)
+    assert (d.action, d.model_index) == ("switch", 1)  # type: ignore[attr-defined]
+    # Only windows no larger than the refusing one left: a clean refusal, nothing sent.
+    d = _decide(f, failures=[1, 0], too_long=[True, False], windows=[8192, 8192])
+    assert (d.action, d.error) == ("give_up", "rejected")  # type: ignore[attr-defined]
+    # An undeclared model may have a larger window: it is tried.
+    d = _decide(f, failures=[1, 0, 0], too_long=[True, False, False], windows=[8192, 4096, None])
+    assert (d.action, d.model_index) == ("switch", 2)  # type: ignore[attr-defined]
+
+
 def test_attempt_cap() -> None:
     """max_attempts is a cap, when set."""
     d = _decide(Failure("stall", "quiet"), attempt=3, max_attempts=3)

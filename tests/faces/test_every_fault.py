@@ -154,6 +154,39 @@ async def test_a_context_limit_moves_to_the_next_model_without_asking_the_same_a
     assert "too long for small" in fallback.message
 
 
+async def test_a_context_limit_goes_to_the_model_declaring_a_larger_window() -> None:
+    """Routes that declare their context windows: refused by the 8k model, the answer skips
+    the chain's 4k model (it would refuse too) and comes from the 128k one — neither the
+    refusing model nor the smaller one asked again."""
+    from streamres.upstream import FaultPlan, ModelSpec
+
+    async with Upstream(
+        models={"mid": ModelSpec(faults=FaultPlan(TOO_LONG)), "mini": ModelSpec()}
+    ) as up:
+        routes = [
+            streamres.Route("mid", base_url=up.openai_url, api_key="k", context_window=8192),
+            streamres.Route("mini", base_url=up.openai_url, api_key="k", context_window=4096),
+            streamres.Route("long", base_url=up.openai_url, api_key="k", context_window=131072),
+        ]
+        async with streamres.Client(routes, backoff=FAST) as client:
+            text, _, done = await collect(client.stream(USER, model=["mid", "mini", "long"]))
+        asked = [r.body.get("model") for r in up.requests]
+    assert text == up.answer(USER) and done.model == "long"
+    assert asked == ["mid", "long"]
+
+
+def test_a_route_s_context_window_is_checked() -> None:
+    with pytest.raises(ValueError, match="context_window must be a positive number of tokens"):
+        streamres.Route("m", context_window=0)
+    from streamres.proxy.config import ConfigError, parse
+
+    raw = {"routes": [{"model": "m", "base_url": "http://127.0.0.1:1/v1", "context_windw": 8}]}
+    with pytest.raises(ConfigError, match="did you mean 'context_window'"):
+        parse(raw, {})
+    raw["routes"][0] = {"model": "m", "base_url": "http://127.0.0.1:1/v1", "context_window": 8}
+    assert parse(raw, {}).routes[0].context_window == 8
+
+
 async def test_a_context_limit_with_no_other_model_is_one_clean_refusal() -> None:
     """Alone, the model's refusal is final at once, naming the limit: one request, no retry."""
     async with Upstream(faults=TOO_LONG) as up:
