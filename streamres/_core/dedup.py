@@ -43,9 +43,10 @@ such position is left, it decides, once:
    character and the delivered text's last, so chunking cannot change it).
 
 When the stream ends while ``h`` is still a possible repeat, it is dropped whole if it is long
-(``commit_chars``) or if it is ``D``'s own beginning (``min_overlap`` or more): the answer begun
-again and stopped short of the cut, which small instruct models do (``stats.restarted``). The
-continuation then added nothing; the machine does not take that for a finished answer.
+(``commit_chars``), if it is ``D``'s own beginning (``min_overlap`` or more): the answer begun
+again and stopped short of the cut, which small instruct models do (``stats.restarted``), or if
+it is the start of a repeat of ``D``'s last stretch from a seam. The continuation then added
+nothing; the machine does not take that for a finished answer.
 
 A preamble is removed only when it says it is one: a continuation phrase ("continuing", "here
 is the rest", "我继续", "接着上文", "続けます", "계속하겠습니다", "je continue", "ich fahre fort",
@@ -55,7 +56,12 @@ stop or a dash. An opener alone ("Okay, so…", "好的问题") is the answer's 
 After the decision every chunk passes straight through. The hold is bounded: new text is only
 held while it keeps matching ``D``; past ``max_hold_seconds`` a short ambiguous head is released.
 A long exact repeat (``commit_chars`` or more) is held without a time bound: it is text the user
-already has, so holding it delays nothing new. In *prefill* mode only two alignments are
+already has, so holding it delays nothing new. So is a possible preamble (48 characters at
+most), and the start of a repeat of ``D``'s last stretch (a sentence or so) from a point a
+model restarts at: a model streaming its overlap slowly (a busy machine, a storm) would
+otherwise have it released half-way, and the rest of the repeat — the answer's own end, after
+a cut at the very end — shown twice; such a head waits only for the model's next words. In
+*prefill* mode only two alignments are
 possible (exact continuation after the stripped whitespace, or a full restart), so an exact
 continuation is released at its first character.
 """
@@ -106,6 +112,9 @@ _OPENERS = (
     "certo", "gerne", "natürlich", "klar", "ich ", "hier ist", "конечно", "хорошо", "продолж",
 )  # fmt: skip
 _PREAMBLE_WINDOW = 48
+#: How far back from the end of the delivered text (in ``commit_chars``) a repeat of its last
+#: stretch may begin and still be held past the time bound.
+_END_STRETCH = 4
 
 #: Characters that end a sentence, in any script; what may follow them before the next one.
 _SENTENCE_END = frozenset("。！？!?.…｡؟।")
@@ -240,6 +249,8 @@ class Deduplicator:
         """When a held ambiguous head will be released even without new text."""
         if self.resolved or self._since is None or len(self._held) >= self._commit:
             return None
+        if not self._preamble_done or self._repeating_the_end():
+            return None  # a possible preamble (48 characters at most), or the end repeated
         return self._since + self._max_hold
 
     def feed(self, text: str, *, now: float) -> str:
@@ -255,7 +266,11 @@ class Deduplicator:
                 self.stats.held_chars = max(self.stats.held_chars, len(self._raw))
                 return ""
         self._held += text
-        if self._open() and (now - self._since < self._max_hold or len(self._held) >= self._commit):
+        if self._open() and (
+            now - self._since < self._max_hold
+            or len(self._held) >= self._commit
+            or self._repeating_the_end()
+        ):
             # Held back, not yet shown: this is the hold-back a user can notice.
             self.stats.held_chars = max(self.stats.held_chars, len(self._held))
             return ""
@@ -290,9 +305,11 @@ class Deduplicator:
             self._raw = ""
         h = self._held
         restart = self.mode == "instruct" and len(h) >= self._min_overlap and self._d.startswith(h)
-        if self._open() and (len(h) >= self._commit or restart):
-            # A long exact repeat of delivered text, or the answer begun again from its first
-            # word and stopped short of the cut, then the end: nothing new in it.
+        end = self._repeating_the_end(seams_only=True)
+        if self._open() and (len(h) >= self._commit or restart or end):
+            # A long exact repeat of delivered text, the answer begun again from its first
+            # word and stopped short of the cut, or a repeat of its last stretch stopped short
+            # of its end, then the end: nothing new in it.
             self.stats.dropped += h
             self.stats.restarted = self.stats.restarted or restart
             self._held = ""
@@ -345,6 +362,30 @@ class Deduplicator:
         k = d.find(h, 0, len(d) - 1)
         self._last_k = k
         return k >= 0
+
+    def _repeating_the_end(self, *, seams_only: bool = False) -> bool:
+        """Is the held head the start of a repeat of ``D``'s last stretch (``_END_STRETCH``
+        times ``commit_chars``: a sentence or so), from a point a model restarts at ("…Résumé
+        at whileño." + " Résumé", " at"…)? Then it is held past the time bound: released
+        early, the rest of the repeat would follow it and show the end twice; held, it waits
+        only for the model's next words, which either go on repeating or part from ``D``.
+        From a sentence, clause or word start, or a token start two tokens or more from the
+        end; ``seams_only``: not a token start — the evidence to drop a head the stream ended
+        in (a token start alone may be a coincidence)."""
+        if self.mode != "instruct" or not self._held:
+            return False
+        d, h = self._d, self._held
+        k = d.find(h, max(0, len(d) - _END_STRETCH * self._commit))
+        while k >= 0 and k + len(h) < len(d):
+            at_seam = seam(d, k) or (d[k].isspace() and seam(d, k + 1))  # " word", as tokens
+            if not seams_only and not at_seam:
+                i = bisect.bisect_left(self._tokens, k)  # a token start, 2+ tokens to the end
+                at_seam = i < len(self._tokens) and self._tokens[i] == k
+                at_seam = at_seam and len(self._tokens) - i >= 2
+            if at_seam and d[k:].strip():
+                return True
+            k = d.find(h, k + 1)
+        return False
 
     def _overlap(self) -> int:
         """Length of the longest acceptable suffix of ``D`` that the head begins with."""

@@ -73,12 +73,48 @@ def test_prefill_restart_detected() -> None:
 
 
 def test_hold_time_bound() -> None:
-    """A short ambiguous head is released after max_hold_seconds, even with no new text."""
-    dd = Deduplicator(D, mode="instruct", max_hold_seconds=1.0)
-    assert dd.feed("the", now=0.0) == ""
+    """A short ambiguous head that matches the delivered text far from its end (a model
+    restarts near the end: a sentence or so back) is released after max_hold_seconds, even
+    with no new text."""
+    long = D + ". " + " ".join(f"then round {i} of the exchange" for i in range(12))
+    dd = Deduplicator(long, mode="instruct", max_hold_seconds=1.0)
+    assert dd.feed("slow start", now=0.0) == ""
     assert dd.release_at == 1.0
     assert dd.poll(now=0.5) == ""
-    assert dd.poll(now=1.0) == "the"
+    assert dd.poll(now=1.0) == "slow start"
+
+
+E = "Slow start grows the window. Résumé at whileño."
+
+
+def test_a_slow_repeat_of_the_answer_s_end_is_not_released_half_way() -> None:
+    """Cut at the very end, the model repeats the last words, a chunk every 3 s (a storm on a
+    busy machine): the time bound does not release the repeat half-way — the end is not shown
+    twice (it once was: " Résumé at whileño." after the answer's true end)."""
+    dd = Deduplicator(E, mode="instruct", max_hold_seconds=2.0)
+    assert dd.feed(" Résumé", now=0.0) == ""
+    assert dd.release_at is None
+    assert dd.poll(now=2.5) == ""
+    out = dd.feed(" at", now=3.0) + dd.feed(" whileño.", now=6.0) + dd.finish(now=6.1)
+    assert out == ""
+
+
+def test_a_slow_repeat_of_the_end_then_new_text_shows_the_new_text() -> None:
+    dd = Deduplicator(E, mode="instruct", max_hold_seconds=2.0)
+    out = dd.feed(" Résumé at", now=0.0) + dd.feed(" whileño.", now=3.0)
+    assert out + dd.feed(" And then", now=6.0) + dd.finish(now=6.1) == " And then"
+
+
+def test_a_repeat_of_the_end_that_stops_short_adds_nothing() -> None:
+    dd = Deduplicator(E, mode="instruct")
+    assert dd.feed(" Résumé at", now=0.0) + dd.finish(now=0.1) == ""
+
+
+def test_new_text_that_only_begins_like_the_end_is_shown_whole() -> None:
+    """Held while it matched the end's words, released whole when it parts from them."""
+    dd = Deduplicator(E, mode="instruct", max_hold_seconds=2.0)
+    out = dd.feed(" Résumé", now=0.0) + dd.poll(now=2.5) + dd.feed(" writing is", now=3.0)
+    assert out + dd.finish(now=3.1) == " Résumé writing is"
 
 
 def test_abandon_returns_held_text() -> None:

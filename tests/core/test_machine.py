@@ -366,11 +366,12 @@ def test_max_attempts_gives_up_with_the_partial_answer() -> None:
 
 
 def _held_head(ping: bool) -> float:
-    """An instruct resume whose first word is also the answer's first (it may be a restart
-    from the top, so it is held), with or without a keep-alive comment at 5 s; the rest at
-    9 s. Returns when the head came out, after the resume."""
+    """An instruct resume whose head occurs inside a word of the answer (it may be a repeat,
+    so it is held; not from a point a model restarts at, so its hold is bounded in time),
+    with or without a keep-alive comment at 5 s; the rest at 9 s. Returns when the head came
+    out, after the resume."""
     m = answer(continuation="instruct", stall_timeout=30.0)
-    head, rest = WORDS[0], "window every round trip."
+    head, rest = "low st", "window every round trip."
     second: list[tuple[float, bytes | None]] = [(0.01, text_chunk(head))]
     if ping:
         second.append((5.0, b": keep-alive\n\n"))

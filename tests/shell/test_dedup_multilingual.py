@@ -191,3 +191,40 @@ async def test_a_chinese_answer_resumed_shows_no_repeats(instruct: str) -> None:
         answer = up.answer(ZH)
     assert "。" in answer and text == answer
     assert done.resumes == 3 and done.deduplicated_chars > 0
+
+
+# -- a cut at the very end, resumed slowly (a storm on a busy machine) -------------------------
+
+
+@given(
+    st.sampled_from(["en", "zh", "ja", "ko", "th"]),
+    st.integers(min_value=3, max_value=40),
+    st.integers(min_value=0, max_value=10_000),
+    st.integers(min_value=1, max_value=6),
+    st.booleans(),
+    st.lists(st.integers(min_value=1, max_value=8), min_size=1, max_size=12),
+)
+def test_a_cut_at_the_very_end_resumed_slowly_adds_nothing(
+    lang: str, words: int, seed: int, overlap: int, preamble: bool, sizes: list[int]
+) -> None:
+    """The whole answer was delivered, then the stream broke before its end: the model asked
+    to continue backs up as the embedded upstream's does (words, tokens, a clause or a sentence
+    back, behind a preamble or not) and sends its repeat in small chunks 3 s apart, polled in
+    between — nothing is passed on (the end is never shown twice)."""
+    import random
+
+    from streamres.upstream._answers import PREAMBLES, answer_for, restart_point
+
+    full = answer_for([{"role": "user", "content": f"Q{seed}"}], words=words, lang=lang)  # type: ignore[arg-type]
+    draw = random.Random(seed)
+    head = draw.choice(PREAMBLES[lang]) if preamble else ""  # type: ignore[index]
+    h = head + full[restart_point(full, len(full), draw, overlap) :]
+    dd = Deduplicator(full, mode="instruct", token_starts=token_starts("m", full))
+    out, now, i = "", 0.0, 0
+    for size in itertools.cycle(sizes):
+        if i >= len(h):
+            break
+        out += dd.feed(h[i : i + size], now=now)
+        out += dd.poll(now=now + 2.5)
+        i, now = i + size, now + 3.0
+    assert out + dd.finish(now=now) == ""
