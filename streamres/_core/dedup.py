@@ -377,7 +377,7 @@ class Deduplicator:
         d, h = self._d, self._held
         k = d.find(h, max(0, len(d) - _END_STRETCH * self._commit))
         while k >= 0 and k + len(h) < len(d):
-            at_seam = seam(d, k) or (d[k].isspace() and seam(d, k + 1))  # " word", as tokens
+            at_seam = bool(seam(d, k) or (d[k].isspace() and seam(d, k + 1)))  # " word"
             if not seams_only and not at_seam:
                 i = bisect.bisect_left(self._tokens, k)  # a token start, 2+ tokens to the end
                 at_seam = i < len(self._tokens) and self._tokens[i] == k

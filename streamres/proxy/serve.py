@@ -284,6 +284,10 @@ async def running(
                 yield Running(f"http://{host}:{bound}", app, up, runner, stopped)
             finally:
                 runner.should_exit = True
+                # Its shutdown runs to the end even when the block failed (the task group
+                # would cancel it half-way, and its listening socket be left to the GC).
+                with anyio.CancelScope(shield=True), anyio.move_on_after(limits.grace + 5):
+                    await stopped.wait()
 
 
 class _Uvicorn:
@@ -366,9 +370,15 @@ class _Hypercorn:
         sock.listen(1024)
         sock.set_inheritable(True)
         self._bound.append(sock.getsockname()[1])
-        self.config.bind = [f"fd://{sock.fileno()}"]
+        # hypercorn makes a socket of its own on the descriptor and closes it: it gets a
+        # duplicate, and this one is closed here (two owners of one descriptor would close
+        # it twice, or leave one to the garbage collector).
+        self.config.bind = [f"fd://{os.dup(sock.fileno())}"]
         self._ready.set()
-        await hserve(self.app, self.config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+        try:
+            await hserve(self.app, self.config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+        finally:
+            sock.close()
 
     async def started(self) -> int:
         await self._ready.wait()

@@ -742,3 +742,27 @@ async def test_the_proxys_connections_send_without_waiting_for_acks() -> None:
             await accepted.wait()
         writer.close()
     assert nodelay == [1]
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
+async def test_a_proxy_left_by_an_error_closes_its_listening_socket(server: str) -> None:
+    """The code inside ``running()`` fails: the proxy stops and its listening socket is
+    closed, not left to the garbage collector (which warned later, in whatever test ran)."""
+    import gc
+    import warnings
+
+    class Failed(Exception):
+        pass
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with (
+            running(port=0, faults="none", server=server) as run,
+            httpx.AsyncClient() as http,
+        ):
+            assert (await http.get(run.url + "/health")).status_code == 200
+            raise Failed
+    assert info.group_contains(Failed)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning)]

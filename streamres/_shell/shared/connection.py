@@ -58,6 +58,8 @@ class Connection(Limits):
         self.id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.connected = True
         self.local_fallbacks = 0
+        #: Times Redis went away (or answered too late) and this process went on alone.
+        self.outages = 0
         self._limits_of = {r.key: r.max_in_flight for r in routes}
         self._account_limits = dict(account_limits)
         self._held: dict[str, list[str | None]] = {}  # route -> lease ids (None: local)
@@ -101,6 +103,7 @@ class Connection(Limits):
     def _lost(self, exc: BaseException) -> None:
         if self.connected:
             self.connected = False
+            self.outages += 1
             where = redact_url(self.url)
             peers = len(self.others) + 1
             self._keep_share(peers)
