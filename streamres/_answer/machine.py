@@ -172,6 +172,8 @@ class Answer:
         self.resumes = 0
         #: Instruct continuations that ended at the seam and were asked again.
         self.seam_tries = 0
+        #: The id the server gave the response that finished the answer (``DoneEvent``).
+        self.response_id = ""
         #: A background Responses API response to re-attach to: (route, id, last sequence).
         self.replay: tuple[int, str, int] | None = None
         self.start = now
@@ -859,6 +861,7 @@ class Answer:
                 d.join = JOINS.index("ended_at_seam")
         self.at = None
         if fail is None:
+            self.response_id = decoder.response_id or ""  # the response that finished it
             self.history.append(Attempt(at.number, at.route.model, "ok", **fields))
             self.failures[self.pos] = 0
             refusal = "".join(decoder.refusal)
@@ -984,6 +987,7 @@ class Answer:
                 thinking="".join(d.thinking),
                 refusal=refusal,
                 join=JOINS[d.join],  # type: ignore[arg-type]
+                response_id=self.response_id,
             )
         )
         self.state = State.DONE

@@ -297,6 +297,10 @@ class DoneEvent:
     join: Literal[
         "none", "prefill", "deduplicated", "restart_removed", "diverged", "ended_at_seam"
     ] = "none"
+    #: The id the server gave the response that finished the answer: a Chat Completions
+    #: chunk's ``id``, Anthropic's message id, the Responses API's response id (``""``: none
+    #: came, or the answer came from the cache).
+    response_id: str = ""
     type: Literal["done"] = field(default="done", init=False)
 
     @property

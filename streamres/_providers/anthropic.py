@@ -167,6 +167,7 @@ class AnthropicDecoder(StreamDecoder):
                 self.signed_thinking.append(block)
         elif kind == "message_start":
             message = event.get("message") or {}
+            self.response_id = text_or_none(message.get("id")) or self.response_id
             usage = message.get("usage") or {}
             if message.get("stop_reason"):
                 self.finish_reason = normalise_finish(message["stop_reason"])

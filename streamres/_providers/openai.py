@@ -103,12 +103,16 @@ class OpenAIDecoder(StreamDecoder):
             if head.startswith('{"id":"') and '"error"' not in head and '"usage":{' not in head:
                 value, end = scanstring(text, at + len(_CONTENT))
                 if text.startswith(_AFTER, end) and _TAIL.match(text, end + len(_AFTER)):
+                    if self.response_id is None:  # once per response
+                        self.response_id = str(scanstring(text, 7)[0]) or None
                     return str(value)
             chunk = json.loads(text)
         except (ValueError, RecursionError):  # UnicodeDecodeError, scanner errors, deep nesting
             return self._malformed(data)
         if type(chunk) is not dict:
             return self._malformed(data)
+        if self.response_id is None:
+            self.response_id = text_or_none(chunk.get("id"))
         usage = chunk.get("usage")
         if usage:
             # Before the error: OpenRouter sends usage with its final error chunk.

@@ -74,11 +74,10 @@ def custom_tool_names(body: dict[str, Any]) -> frozenset[str]:
 class ResponsesDecoder(StreamDecoder):
     """Responses API events -> text; see :class:`~streamres._providers.wire.StreamDecoder`."""
 
-    __slots__ = ("background", "custom_tools", "response_failed", "response_id", "sequence")
+    __slots__ = ("background", "custom_tools", "response_failed", "sequence")
 
     def __init__(self) -> None:
         super().__init__()
-        self.response_id: str | None = None
         self.background = False
         #: ``response.failed`` arrived: the stored response is dead, never re-attached to.
         self.response_failed = False
@@ -121,6 +120,8 @@ class ResponsesDecoder(StreamDecoder):
             self.response_id = text_or_none(response.get("id")) or self.response_id
             self.background = bool(response.get("background")) or self.background
         elif kind in ("response.completed", "response.incomplete"):
+            # The final response's id, as the SDK reads it (a server may rotate them).
+            self.response_id = text_or_none(response.get("id")) or self.response_id
             usage = response.get("usage") or {}
             self.input_tokens = count(usage.get("input_tokens"), self.input_tokens)
             self.output_tokens = count(usage.get("output_tokens"), self.output_tokens)

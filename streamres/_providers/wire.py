@@ -187,6 +187,7 @@ class StreamDecoder:
         "input_tokens",
         "output_tokens",
         "refusal",
+        "response_id",
         "side",
         "signed_thinking",
         "terminal",
@@ -214,6 +215,9 @@ class StreamDecoder:
         self.refusal: list[str] = []
         #: A usage chunk with no choices came (how OpenAI-compatible servers end a generation).
         self.final_usage = False
+        #: The id the server gave this response (a chunk's ``id``, Anthropic's message id, the
+        #: Responses API's response id), once one came.
+        self.response_id: str | None = None
 
     def feed(self, name: str, data: bytes) -> str:
         """One SSE event -> the text it adds to the answer (``""`` for none)."""

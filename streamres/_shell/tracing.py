@@ -4,6 +4,7 @@ observes the events an answer yields and reports them as spans.
 One span per answer (``chat {model}``, kind CLIENT) with the GenAI semantic conventions'
 attributes — ``gen_ai.operation.name``, ``gen_ai.provider.name``, ``gen_ai.request.model``
 (and ``max_tokens``, ``temperature``, ``top_p`` when given), ``gen_ai.response.model``,
+``gen_ai.response.id`` (the id the server gave the response that finished the answer),
 ``gen_ai.response.finish_reasons`` (``error`` for an answer that ended early),
 ``gen_ai.usage.input_tokens`` / ``output_tokens``, ``server.address`` / ``server.port``,
 ``error.type`` on failure — plus streamres's own
@@ -333,6 +334,8 @@ class AnswerTrace:
             self._close_attempt("ok", last.status_code if last else None, now)
         span = self.span
         span.set_attribute("gen_ai.response.model", ev.model)
+        if ev.response_id:
+            span.set_attribute("gen_ai.response.id", ev.response_id)
         span.set_attribute("gen_ai.response.finish_reasons", [ev.finish_reason])
         usage = ev.usage
         if usage.input_tokens is not None:

@@ -65,6 +65,7 @@ def event_json(ev: streamres.Event) -> dict[str, Any]:
             "refusal": ev.refusal,
             "join": ev.join,
             "deduplicated_chars": ev.deduplicated_chars,
+            "response_id": ev.response_id,
         }
     return {"type": ev.type, **{k: v for k, v in dataclasses.asdict(ev).items() if k != "type"}}
 

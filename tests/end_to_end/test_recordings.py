@@ -102,8 +102,8 @@ async def replay(body: bytes, api: str, pieces: list[bytes]) -> tuple[View, Any]
 @pytest.mark.parametrize("rec", SOURCES, ids=[r["file"] for r in SOURCES])
 @pytest.mark.parametrize("framing", ["event-per-write", "small-pieces"])
 async def test_recording_reads_as_the_sdk_reads_it(rec: dict[str, Any], framing: str) -> None:
-    """Text, tool calls, finish reason and usage as the official SDK accumulates them; a
-    complete stream is one attempt."""
+    """Text, tool calls, finish reason, usage and the response's id as the official SDK
+    accumulates them; a complete stream is one attempt."""
     body = (RECORDINGS / rec["file"]).read_bytes()
     api = rec["api"]
     if rec["file"] in KNOWN or rec["file"] in DELIBERATE:
@@ -132,6 +132,7 @@ async def test_recording_reads_as_the_sdk_reads_it(rec: dict[str, Any], framing:
         assert got.finish_reason == expected
         if sdk.output_tokens is not None and not outcome.usage.estimated:
             assert (got.input_tokens, got.output_tokens) == (sdk.input_tokens, sdk.output_tokens)
+        assert outcome.response_id == (sdk.id or "")
     else:
         assert isinstance(outcome, streamres.StreamError)
         assert outcome.partial_text == got.text

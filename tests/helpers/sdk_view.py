@@ -32,6 +32,8 @@ class View:
     output_tokens: int | None = None
     #: The stream carried an error (the SDK raises): the answer did not complete.
     error: bool = False
+    #: The response's id, as the SDK's snapshot holds it.
+    id: str | None = None
 
 
 def _events(decoder: Any, body: bytes) -> list[Any]:
@@ -50,6 +52,7 @@ def chat(body: bytes) -> View:
             break
         state.handle_chunk(openai_construct(type_=ChatCompletionChunk, value=data))
     snap = state.current_completion_snapshot
+    view.id = snap.id or None
     if snap.usage is not None:
         view.input_tokens = snap.usage.prompt_tokens
         view.output_tokens = snap.usage.completion_tokens
@@ -81,6 +84,7 @@ def anthropic(body: bytes) -> View:
         snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=bufs)
     if snapshot is None:
         return view
+    view.id = snapshot.id or None
     view.text = "".join(b.text for b in snapshot.content if b.type == "text")
     view.tool_calls = [(b.name, b.input) for b in snapshot.content if b.type == "tool_use"]
     # Anthropic's stop reasons in OpenAI's words, as streamres documents them.
@@ -107,6 +111,7 @@ def responses(body: bytes) -> View:
             view.error = True
     if final is None:
         return view
+    view.id = final.get("id") or None
     for item in final.get("output") or ():
         if item.get("type") == "message":
             for part in item.get("content") or ():

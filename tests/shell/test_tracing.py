@@ -66,6 +66,8 @@ async def test_a_clean_answer_is_one_span_with_one_attempt(spans: Any) -> None:
     assert a["gen_ai.request.max_tokens"] == 200
     assert tuple(a["gen_ai.response.finish_reasons"]) == ("stop",)  # type: ignore[arg-type]
     assert a["gen_ai.usage.output_tokens"] == done.usage.output_tokens
+    assert a["gen_ai.response.id"] == done.response_id
+    assert done.response_id.startswith("chatcmpl-")  # the server's, as its chunks carry it
     assert a["server.address"] == "127.0.0.1" and a["streamres.attempts"] == 1
     assert attempt.parent is not None and attempt.parent.span_id == answer.context.span_id
     assert dict(attempt.attributes or {})["streamres.outcome"] == "ok"
