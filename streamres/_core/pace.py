@@ -32,8 +32,8 @@ START = 64.0
 FLOOR = 4.0
 #: Never more than this: beyond it a burst only fills the server's accept queue faster.
 CEILING = 512.0
-#: A connect that took longer was probably dropped once and sent again (a SYN is resent after
-#: a second): the server's queue is full.
+#: A connect that completed within this opens the window by one; a slower one (a SYN dropped
+#: and resent after a second, or only this side's loop running late) moves nothing.
 FAST = 0.75
 
 #: What became of a connect: it completed (in how many seconds is the caller's to say), it was
