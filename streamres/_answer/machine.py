@@ -634,7 +634,7 @@ class Answer:
         at.started = now
         self.stall.first = opts.first_token_timeout
         if self.has_fallback:  # a fallback at hand: this model's own pace decides
-            samples = self.fleet.states[at.index].stats.ttft
+            samples = self.fleet.ttft_samples(at.index)  # with shared state, the fleet's too
             self.stall.first = first_output_limit(samples, opts.first_token_timeout)
         self.stall.start(now)
         at.chars_before = self.chars

@@ -87,6 +87,13 @@ class Fleet:
         #: Whether a degrading model's share of new traffic follows its trend (the verdict is
         #: reported either way).
         self.steering = True
+        #: Other processes' recent times to first token, by route key (shared state sets them
+        #: at each sync): a model's first-output limit learns from the whole fleet.
+        self.peer_ttft: dict[str, tuple[float, ...]] = {}
+
+    def ttft_samples(self, i: int) -> list[float]:
+        """Route ``i``'s recent times to first token: this process's, then the fleet's."""
+        return [*self.states[i].stats.ttft, *self.peer_ttft.get(self.routes[i].key, ())]
 
     # -- choosing -------------------------------------------------------------------------
 

@@ -113,6 +113,38 @@ async def test_a_model_jammed_for_one_process_opens_for_all(redis_server: RedisS
     assert requests == 3  # b and c never sent one
 
 
+async def test_a_first_token_limit_learnt_in_one_process_serves_another(
+    redis_server: RedisServer,
+) -> None:
+    """One client learns that model a starts its answers in well under a second; another
+    client sharing Redis, which never asked a, finds a suddenly silent after its headers and
+    moves to the fallback after the fleet's learnt limit (8 s) — not its own first-output
+    minute, which it would wait alone."""
+    models = {"a": ModelSpec(faults=FaultPlan()), "b": ModelSpec()}
+    async with Upstream(models=models, stall_seconds=300) as up:
+        routes = [
+            streamres.Route("a", base_url=up.openai_url, api_key="k"),
+            streamres.Route("b", base_url=up.openai_url, api_key="k"),
+        ]
+        kw: dict[str, Any] = {"shared": redis_server.url, "deadline": 90}
+        async with streamres.Client(routes, **kw) as one, streamres.Client(routes, **kw) as two:
+            for _ in range(6):
+                async for ev in one.stream(Q, model=["a", "b"]):
+                    if ev.type == "done":
+                        assert ev.model == "a"
+            for client in (one, two):
+                await client._shared_state.sync_metrics()  # type: ignore[union-attr]
+            assert two.metrics()["a"].requests == 0  # nothing learnt here
+            faults = up.models["a"].faults
+            assert faults is not None
+            faults.push("stall@0")  # headers, then keep-alives only
+            events = [ev async for ev in two.stream(Q, model=["a", "b"])]
+    done = events[-1]
+    assert isinstance(done, streamres.DoneEvent)
+    assert done.text == up.answer(Q) and done.model == "b"
+    assert done.history[0].outcome == "stall" and done.elapsed < 30
+
+
 async def test_weights_and_metrics_are_the_fleets(redis_server: RedisServer) -> None:
     """Two capacity errors on a model in one client lower its weight in another (and in one
     started later) to the same value; each client's metrics are its own, the fleet's are the

@@ -21,6 +21,19 @@ METRICS_EVERY = 1.0
 SCRIPTS = {"weight": script("weight"), "metrics": script("metrics")}
 
 
+def _ttft_of(others: list[dict[str, Any]]) -> dict[str, tuple[float, ...]]:
+    """The other processes' recent times to first token, by route key (what each exported)."""
+    out: dict[str, list[float]] = {}
+    for routes in others:
+        for key, figures in routes.items():
+            got = figures.get("ttft") if isinstance(figures, dict) else None
+            if isinstance(got, list):
+                out.setdefault(str(key), []).extend(
+                    float(x) for x in got if isinstance(x, (int, float)) and x >= 0
+                )
+    return {k: tuple(v) for k, v in out.items()}
+
+
 class Metrics(Connection):
     """The fleet's weights and figures, one view for every process."""
 
@@ -58,6 +71,7 @@ class Metrics(Connection):
                     if data["id"] != self.id and isinstance(data["routes"], dict):
                         others.append(data["routes"])
             self.others = others
+            self.fleet.peer_ttft = _ttft_of(others)
 
     async def _sync_metrics_often(self) -> None:
         while True:
