@@ -6,6 +6,7 @@ Against the proxy on loopback (the embedded upstream behind it), with plain HTTP
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -96,6 +97,13 @@ async def _start(
     return answer, got
 
 
+def _exact(every: list[dict[str, Any]], expected: str) -> None:
+    """The events read, across reconnects, are numbered on (none twice, none missing) and
+    their text is ``expected``."""
+    assert [int(e["id"]) for e in every] == list(range(len(every)))
+    assert "".join(_text(e) for e in every) == expected
+
+
 async def _read_on(
     http: httpx.AsyncClient, url: str, answer: str, last: str | None, **headers: str
 ) -> list[dict[str, Any]]:
@@ -120,8 +128,7 @@ async def test_a_reader_that_comes_back_gets_exactly_the_rest(api: str) -> None:
         answer, first = await _start(http, run.url, api, upto=5)
         rest = await _read_on(http, run.url, answer, first[-1]["id"])
         every = first + rest
-        assert [int(e["id"]) for e in every] == list(range(len(every)))
-        assert "".join(_text(e) for e in every) == run.upstream.answer(Q)
+        _exact(every, run.upstream.answer(Q))
         assert len(run.upstream.requests) == 1
 
 
@@ -157,8 +164,7 @@ async def test_an_answer_past_its_hold_is_continued_from_its_partial() -> None:
         partial = held.log.text
         rest = await _read_on(http, run.url, answer, first[-1]["id"])
         every = first + rest
-        assert [int(e["id"]) for e in every] == list(range(len(every)))
-        assert "".join(_text(e) for e in every) == up.answer(Q)
+        _exact(every, up.answer(Q))
         assert len(up.requests) == 2
         sent = json.dumps(up.requests[1].body, ensure_ascii=False)
         assert partial[:40] in sent  # the second request continues the partial
@@ -454,6 +460,21 @@ async def test_the_chat_page_picks_its_answer_up_in_a_browser(mode: str) -> None
         assert held.reads >= 2  # read again: after the reload, or the network's return
 
 
+@contextlib.asynccontextmanager
+async def _two_proxies(
+    up: Upstream, redis: str
+) -> AsyncIterator[tuple[Any, Any, httpx.AsyncClient]]:
+    """Two proxies in front of ``up`` sharing ``redis`` (as two processes would), and a
+    client."""
+    config = _shared_config(up)
+    async with (
+        running(config, port=0, redis=redis) as a,
+        running(config, port=0, redis=redis) as b,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        yield a, b, http
+
+
 def _shared_config(up: Upstream, hold: float = 30.0) -> Any:
     raw = {
         "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
@@ -478,34 +499,25 @@ async def test_another_proxy_reads_an_answer_on_through_redis(redis_server: Any)
     """Two proxies sharing a real Redis: an answer started on one and read on through the
     other (``Last-Event-ID``) is exact, each event once; the first proxy kept producing it —
     the upstream was asked once."""
-    async with Upstream(token_delay=0.01) as up:
-        config = _shared_config(up)
-        async with (
-            running(config, port=0, redis=redis_server.url) as a,
-            running(config, port=0, redis=redis_server.url) as b,
-            httpx.AsyncClient(timeout=30) as http,
-        ):
-            question = "Explain TCP slow start in a few sentences."
-            answer, first = await _begin(http, a.url, question, upto=5)
-            rest = await _read_on(http, b.url, answer, first[-1]["id"])
-            every = first + rest
-            assert [int(e["id"]) for e in every] == list(range(len(every)))
-            assert "".join(_text(e) for e in every) == up.answer(
-                [{"role": "user", "content": question}]
-            )
-            assert _asked(up, question) == 1
-            assert b.proxy.answers.find(answer, None) is not None  # followed, not produced
-            assert not b.proxy.answers._mismatch
-            # Ended: its keys in Redis expire after ``keep``; no lease is left.
-            import coredis
+    async with Upstream(token_delay=0.01) as up, _two_proxies(up, redis_server.url) as (a, b, http):
+        question = "Explain TCP slow start in a few sentences."
+        answer, first = await _begin(http, a.url, question, upto=5)
+        rest = await _read_on(http, b.url, answer, first[-1]["id"])
+        every = first + rest
+        _exact(every, up.answer([{"role": "user", "content": question}]))
+        assert _asked(up, question) == 1
+        assert b.proxy.answers.find(answer, None) is not None  # followed, not produced
+        assert not b.proxy.answers._mismatch
+        # Ended: its keys in Redis expire after ``keep``; no lease is left.
+        import coredis
 
-            await a.proxy.answers.settled()
-            keep = config.answers.keep
-            async with coredis.Redis.from_url(redis_server.url) as r:
-                keys = sorted(k.decode() for k in await r.keys(f"*{answer}*"))
-                assert [k.rsplit(":", 1)[1] for k in keys] == ["log", "meta"]
-                for key in keys:
-                    assert 0 < await r.ttl(key) <= keep + 1
+        await a.proxy.answers.settled()
+        keep = a.proxy.answers.limits.keep
+        async with coredis.Redis.from_url(redis_server.url) as r:
+            keys = sorted(k.decode() for k in await r.keys(f"*{answer}*"))
+            assert [k.rsplit(":", 1)[1] for k in keys] == ["log", "meta"]
+            for key in keys:
+                assert 0 < await r.ttl(key) <= keep + 1
 
 
 async def test_a_redis_that_answers_late_for_a_moment_is_written_on(redis_server: Any) -> None:
@@ -515,27 +527,21 @@ async def test_a_redis_that_answers_late_for_a_moment_is_written_on(redis_server
     asked once)."""
     import coredis
 
-    async with Upstream(token_delay=0.03) as up:
-        config = _shared_config(up)
-        async with (
-            running(config, port=0, redis=redis_server.url) as a,
-            running(config, port=0, redis=redis_server.url) as b,
-            httpx.AsyncClient(timeout=30) as http,
-            coredis.Redis.from_url(redis_server.url) as r,
-        ):
-            question = "Explain TCP slow start in a few sentences."
-            answer, first = await _begin(http, a.url, question, upto=5)
-            await r.client_pause(800, coredis.PureToken.WRITE)
-            rest = await _read_on(http, b.url, answer, first[-1]["id"])
-            every = first + rest
-            assert [int(e["id"]) for e in every] == list(range(len(every)))
-            assert "".join(_text(e) for e in every) == up.answer(
-                [{"role": "user", "content": question}]
-            )
-            assert _asked(up, question) == 1
-            held = b.proxy.answers.find(answer, None)
-            assert held is not None and held.shadow  # followed, never adopted
-            assert a.proxy.client._shared_state.outages >= 1  # a write went unanswered
+    async with (
+        Upstream(token_delay=0.03) as up,
+        _two_proxies(up, redis_server.url) as (a, b, http),
+        coredis.Redis.from_url(redis_server.url) as r,
+    ):
+        question = "Explain TCP slow start in a few sentences."
+        answer, first = await _begin(http, a.url, question, upto=5)
+        await r.client_pause(800, coredis.PureToken.WRITE)
+        rest = await _read_on(http, b.url, answer, first[-1]["id"])
+        every = first + rest
+        _exact(every, up.answer([{"role": "user", "content": question}]))
+        assert _asked(up, question) == 1
+        held = b.proxy.answers.find(answer, None)
+        assert held is not None and held.shadow  # followed, never adopted
+        assert a.proxy.client._shared_state.outages >= 1  # a write went unanswered
 
 
 async def test_a_write_that_landed_twice_is_read_once(redis_server: Any) -> None:
@@ -543,35 +549,32 @@ async def test_a_write_that_landed_twice_is_read_once(redis_server: Any) -> None
     again: the log holds an entry twice; another proxy reading it gives each event once."""
     import coredis
 
-    async with Upstream(token_delay=0.005) as up:
-        config = _shared_config(up)
-        async with (
-            running(config, port=0, redis=redis_server.url) as a,
-            running(config, port=0, redis=redis_server.url) as b,
-            httpx.AsyncClient(timeout=30) as http,
-            coredis.Redis.from_url(redis_server.url) as r,
-        ):
-            question = "Explain TCP slow start in a few sentences."
-            answer, _ = await _begin(http, a.url, question, upto=1)
-            whole = await _read_on(http, a.url, answer, None)
-            await a.proxy.answers.settled()
-            # The same answer under another id, its log with one entry twice.
-            twin = answer[:-4] + ("0000" if not answer.endswith("0000") else "1111")
-            shared = a.proxy.answers.shared
-            assert shared is not None
-            (meta, log, _), (meta2, log2, _) = shared._keys(answer), shared._keys(twin)
-            await r.hset(meta2, await r.hgetall(meta))
-            entries = await r.xrange(log)
-            assert len(entries) >= 3
-            for i, e in enumerate(entries):
+    async with (
+        Upstream(token_delay=0.005) as up,
+        _two_proxies(up, redis_server.url) as (a, b, http),
+        coredis.Redis.from_url(redis_server.url) as r,
+    ):
+        question = "Explain TCP slow start in a few sentences."
+        answer, _ = await _begin(http, a.url, question, upto=1)
+        whole = await _read_on(http, a.url, answer, None)
+        await a.proxy.answers.settled()
+        # The same answer under another id, its log with one entry twice.
+        twin = answer[:-4] + ("0000" if not answer.endswith("0000") else "1111")
+        shared = a.proxy.answers.shared
+        assert shared is not None
+        (meta, log, _), (meta2, log2, _) = shared._keys(answer), shared._keys(twin)
+        await r.hset(meta2, await r.hgetall(meta))
+        entries = await r.xrange(log)
+        assert len(entries) >= 3
+        for i, e in enumerate(entries):
+            await r.xadd(log2, dict(e.field_values))
+            if i == 1:
                 await r.xadd(log2, dict(e.field_values))
-                if i == 1:
-                    await r.xadd(log2, dict(e.field_values))
-            again = await _read_on(http, b.url, twin, None)
-            assert [_text(e) for e in again] == [_text(e) for e in whole]
-            assert "".join(_text(e) for e in again) == up.answer(
-                [{"role": "user", "content": question}]
-            )
+        again = await _read_on(http, b.url, twin, None)
+        assert [_text(e) for e in again] == [_text(e) for e in whole]
+        assert "".join(_text(e) for e in again) == up.answer(
+            [{"role": "user", "content": question}]
+        )
 
 
 async def test_an_answer_outlives_the_proxy_that_started_it(redis_server: Any) -> None:
@@ -600,10 +603,7 @@ async def test_an_answer_outlives_the_proxy_that_started_it(redis_server: Any) -
                 for q in questions:
                     tg.start_soon(read_on, q)
             for q, every in got.items():
-                assert [int(e["id"]) for e in every] == list(range(len(every)))
-                assert "".join(_text(e) for e in every) == up.answer(
-                    [{"role": "user", "content": q}]
-                )
+                _exact(every, up.answer([{"role": "user", "content": q}]))
                 assert _asked(up, q) <= 2
 
 
@@ -680,10 +680,7 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
                     killed.set()
             for q in questions:
                 every = got[q]
-                assert [int(e["id"]) for e in every] == list(range(len(every)))
-                assert "".join(_text(e) for e in every) == up.answer(
-                    [{"role": "user", "content": q}]
-                )
+                _exact(every, up.answer([{"role": "user", "content": q}]))
                 assert _asked(up, q) <= 2
         finally:
             for process in (a, b):
@@ -695,21 +692,15 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
 async def test_stop_through_another_proxy_stops_the_answer(redis_server: Any) -> None:
     """Stop pressed on a page served by another process: the process producing the answer
     closes its upstream, and both see the answer ``cancelled`` with its partial."""
-    async with Upstream(token_delay=0.05) as up:
-        config = _shared_config(up)
-        async with (
-            running(config, port=0, redis=redis_server.url) as a,
-            running(config, port=0, redis=redis_server.url) as b,
-            httpx.AsyncClient(timeout=30) as http,
-        ):
-            answer, _ = await _begin(http, a.url, Q[0]["content"], upto=3)
-            stopped = await http.post(f"{b.url}/v1/answers/{answer}/stop")
-            assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
-            with anyio.fail_after(5):
-                await up.wait_streams_done()
-            state = (await http.get(f"{a.url}/v1/answers/{answer}")).json()
-            assert state["status"] == "cancelled" and state["text"]
-            assert up.answer(Q).startswith(state["text"]) and state["text"] != up.answer(Q)
+    async with Upstream(token_delay=0.05) as up, _two_proxies(up, redis_server.url) as (a, b, http):
+        answer, _ = await _begin(http, a.url, Q[0]["content"], upto=3)
+        stopped = await http.post(f"{b.url}/v1/answers/{answer}/stop")
+        assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
+        with anyio.fail_after(5):
+            await up.wait_streams_done()
+        state = (await http.get(f"{a.url}/v1/answers/{answer}")).json()
+        assert state["status"] == "cancelled" and state["text"]
+        assert up.answer(Q).startswith(state["text"]) and state["text"] != up.answer(Q)
 
 
 async def test_served_without_a_lifespan_answers_still_run() -> None:
