@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -11,7 +12,13 @@ from hypothesis import settings
 
 from streamres._core.tokens import counter_for
 from streamres.upstream import Upstream
-from tests.helpers.redis import RedisServer
+from tests.helpers.redis import (
+    TOPOLOGIES,
+    RedisClusterServers,
+    RedisSentinelServers,
+    RedisServer,
+    Servers,
+)
 
 # Shared machines are noisy: a property is about results, never about how long an example took.
 # The suite's properties are seeded (the same examples every run, so a red run is the change's);
@@ -50,3 +57,30 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def redis_servers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Servers]:
+    """Redis as operators run it: one redis-server, one Valkey (``valkey-server``, or
+    ``STREAMRES_VALKEY_SERVER``), a three-primary Redis Cluster, a primary with a replica
+    and Sentinel — each with its URL, to stop, start, pause, empty and fill."""
+    servers: Servers
+    if request.param == "valkey":
+        exe = os.environ.get("STREAMRES_VALKEY_SERVER") or shutil.which("valkey-server")
+        if exe is None:
+            pytest.skip("valkey-server is not installed (Debian: bookworm-backports)")
+        servers = RedisServer(tmp_path, exe)
+        servers.start()
+    elif request.param == "cluster":
+        servers = RedisClusterServers(tmp_path)
+        servers.create()
+    elif request.param == "sentinel":
+        servers = RedisSentinelServers(tmp_path)
+        servers.create()
+    else:
+        servers = RedisServer(tmp_path)
+        servers.start()
+    try:
+        yield servers
+    finally:
+        servers.close()

@@ -65,7 +65,10 @@ def parser() -> argparse.ArgumentParser:
         "halved on capacity errors; always: as fast as the limits allow",
     )
     p.add_argument("--window", help="start new work only in these local hours, e.g. 22:00-08:00")
-    p.add_argument("--redis", help="share limits and lanes with other processes (redis://…)")
+    p.add_argument(
+        "--redis",
+        help="share limits and lanes with other processes (redis://…, redis+cluster://…, redis+sentinel://…)",
+    )
     p.add_argument("--seed", type=int, default=0, help="embedded upstream: seed of its storm")
     return p
 

@@ -280,7 +280,7 @@ def _proxy_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--redis",
         help="share limits, breakers and cool-downs with other workers and proxies "
-        "(redis://host:6379/0)",
+        "(redis://host:6379/0, redis+cluster://host:port,…, redis+sentinel://host:port/service)",
     )
     p.add_argument(
         "--workers",

@@ -37,6 +37,7 @@ from streamres._shell.limits import Limits
 from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
 from streamres._shell.shared.cache import SharedAnswers
+from streamres._shell.shared.servers import Servers
 from streamres._shell.stream import (
     POOLS,
     STREAMING_POOL,
@@ -147,13 +148,15 @@ class Client:
         self._rng = rng or random.Random()
         self._read_limits = read_limits
         self._tracing = Tracing(tracing, capture_content=capture_content, metrics=metrics)
-        if shared is not None and not (
-            isinstance(shared, str) and shared.startswith(("redis://", "rediss://", "unix://"))
-        ):
-            raise InvalidRequest(
-                f"shared must be a Redis URL (redis://host:6379/0), not {shared!r:.60}",
-                reason="invalid",
-            )
+        if shared is not None:
+            try:
+                if not isinstance(shared, str):
+                    raise ValueError(
+                        f"shared must be a Redis URL (redis://host:6379/0), not {shared!r:.60}"
+                    )
+                Servers.parse(shared)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), reason="invalid") from None
         if shared is not None:
             require("coredis", "shared state (shared=)")
         if cache is not None and not isinstance(cache, Cache):

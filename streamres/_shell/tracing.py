@@ -28,11 +28,13 @@ dashboards built on them, and dropped with the conventions' standard switch
 **Metrics**, through the OpenTelemetry meter provider (``metrics=``: ``None``, the default,
 uses the global one when a program configured it; a ``MeterProvider``; ``False`` never), as the
 official instrumentation records them: ``gen_ai.client.token.usage`` (by
-``gen_ai.token.type``, input and output) and ``gen_ai.client.operation.duration`` (with
-``error.type`` for an answer that failed), plus ``gen_ai.client.operation.time_to_first_chunk``
-and streamres's own counters ``streamres.attempts``, ``streamres.resumes``,
+``gen_ai.token.type``, input and output), ``gen_ai.client.operation.duration`` (with
+``error.type`` for an answer that failed), ``gen_ai.client.operation.time_to_first_chunk`` and
+``gen_ai.client.operation.time_per_output_chunk``, with the conventions' bucket boundaries;
+plus streamres's own counters ``streamres.attempts``, ``streamres.resumes``,
 ``streamres.fallbacks`` and ``streamres.deduplicated_chars`` — each with the operation, the
-provider, the requested and the answering model.
+provider, the requested and the answering model, and recorded with the answer's span current,
+so that an SDK keeping exemplars (its default ``trace_based`` filter) links them to the trace.
 
 Tracing is off unless asked for: ``tracing=True`` (the global tracer provider; an error naming
 the extra if OpenTelemetry is not installed), a ``TracerProvider``, or ``tracing=None`` (the
@@ -135,20 +137,41 @@ class Tracing:
         return AnswerTrace(self, messages, route, params, max_tokens)
 
 
+#: The buckets the conventions (and the official instrumentation) give these histograms.
+_SECONDS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
+_TOKENS = [4**n for n in range(14)]  # 1, 4, 16, … 67,108,864
+
+
 class _Meters:
     """A client's GenAI metrics instruments (made once)."""
 
     def __init__(self, meter: Any) -> None:
-        self.tokens = meter.create_histogram(
-            "gen_ai.client.token.usage", unit="{token}", description="Tokens used per answer"
+        def histogram(name: str, unit: str, description: str, buckets: list[float]) -> Any:
+            try:
+                return meter.create_histogram(
+                    name, unit=unit, description=description,
+                    explicit_bucket_boundaries_advisory=buckets,
+                )  # fmt: skip
+            except TypeError:  # an API before 1.30: the SDK's default buckets
+                return meter.create_histogram(name, unit=unit, description=description)
+
+        self.tokens = histogram(
+            "gen_ai.client.token.usage", "{token}", "Tokens used per answer", [*_TOKENS]
         )
-        self.duration = meter.create_histogram(
-            "gen_ai.client.operation.duration", unit="s", description="An answer's duration"
+        self.duration = histogram(
+            "gen_ai.client.operation.duration", "s", "An answer's duration", _SECONDS
         )
-        self.first_chunk = meter.create_histogram(
+        self.first_chunk = histogram(
             "gen_ai.client.operation.time_to_first_chunk",
-            unit="s",
-            description="Time from the request to an answer's first output",
+            "s",
+            "Time from the request to an answer's first output",
+            _SECONDS,
+        )
+        self.per_chunk = histogram(
+            "gen_ai.client.operation.time_per_output_chunk",
+            "s",
+            "Time from one output chunk to the next, after the first",
+            _SECONDS,
         )
         self.attempts = meter.create_counter("streamres.attempts", unit="{attempt}")
         self.resumes = meter.create_counter("streamres.resumes", unit="{resume}")
@@ -236,6 +259,9 @@ class AnswerTrace:
         }
         self._started = time.monotonic()
         self._first_output: float | None = None
+        #: Output chunk times after the first (recorded at the end, in the span's context).
+        self._last_chunk = 0.0
+        self._chunk_gaps: list[float] = []
         self._number = 0
         self._model = route.model
         self._next_model = route.model
@@ -294,6 +320,11 @@ class AnswerTrace:
         if ev.type in ("text", "thinking", "tool_call"):
             if self._first_output is None:
                 self._first_output = time.monotonic() - self._started
+                self._last_chunk = self._first_output
+            elif self.tracing.meters is not None:
+                at = time.monotonic() - self._started
+                self._chunk_gaps.append(at - self._last_chunk)
+                self._last_chunk = at
             if self._first_at is None:
                 self._first_at = now
             if ev.type == "text":
@@ -369,6 +400,12 @@ class AnswerTrace:
         meters = self.tracing.meters
         if meters is None:
             return
+        # Recorded with the answer's span current: an SDK that keeps exemplars links each
+        # measurement to this trace.
+        with self._trace.use_span(self.span, end_on_exit=False):
+            self._record(meters, ev)
+
+    def _record(self, meters: _Meters, ev: DoneEvent) -> None:
         labels = {**self._metric_attributes, "gen_ai.response.model": ev.model}
         usage = ev.usage
         for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
@@ -377,6 +414,8 @@ class AnswerTrace:
         meters.duration.record(time.monotonic() - self._started, labels)
         if self._first_output is not None:
             meters.first_chunk.record(self._first_output, labels)
+        for gap in self._chunk_gaps:
+            meters.per_chunk.record(gap, labels)
         meters.attempts.add(ev.attempts, labels)
         meters.resumes.add(ev.resumes, labels)
         pairs = zip(ev.history, ev.history[1:], strict=False)
@@ -389,8 +428,9 @@ class AnswerTrace:
         meters = self.tracing.meters
         if meters is not None:
             labels = {**self._metric_attributes, "error.type": type(exc).__name__}
-            meters.duration.record(time.monotonic() - self._started, labels)
-            meters.attempts.add(exc.attempts, labels)
+            with self._trace.use_span(self.span, end_on_exit=False):
+                meters.duration.record(time.monotonic() - self._started, labels)
+                meters.attempts.add(exc.attempts, labels)
         if self._pending is not None and now >= self._pending:  # not given up in a backoff
             self._close_attempt(exc.reason or type(exc).__name__, exc.status_code, now)
         self.span.set_attribute("error.type", type(exc).__name__)

@@ -97,7 +97,7 @@ class SharedAnswers:
     def __init__(self, shared: Any, keep: float) -> None:
         self.shared = shared
         self.keep = keep
-        self.prefix = f"{shared.prefix}:answer:"
+        self.prefix = f"{shared.name}:answer:"  # each answer its own tag: spread over a cluster
         #: Writes and reads made, by kind (what an answer costs in Redis).
         self.calls: dict[str, int] = {}
 

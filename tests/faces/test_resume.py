@@ -24,6 +24,7 @@ from streamres.proxy.config import HoldLimits, parse
 from streamres.proxy.serve import running
 from streamres.upstream import Upstream
 from tests.helpers.network import relay
+from tests.helpers.redis import EVERY_REDIS_ASYNCIO, connected
 
 pytestmark = pytest.mark.anyio
 
@@ -495,11 +496,15 @@ async def _begin(
     return await _start(http, url, "openai", upto, body)
 
 
-async def test_another_proxy_reads_an_answer_on_through_redis(redis_server: Any) -> None:
+@EVERY_REDIS_ASYNCIO
+async def test_another_proxy_reads_an_answer_on_through_redis(redis_servers: Any) -> None:
     """Two proxies sharing a real Redis: an answer started on one and read on through the
     other (``Last-Event-ID``) is exact, each event once; the first proxy kept producing it —
     the upstream was asked once."""
-    async with Upstream(token_delay=0.01) as up, _two_proxies(up, redis_server.url) as (a, b, http):
+    async with (
+        Upstream(token_delay=0.01) as up,
+        _two_proxies(up, redis_servers.url) as (a, b, http),
+    ):
         question = "Explain TCP slow start in a few sentences."
         answer, first = await _begin(http, a.url, question, upto=5)
         rest = await _read_on(http, b.url, answer, first[-1]["id"])
@@ -509,11 +514,9 @@ async def test_another_proxy_reads_an_answer_on_through_redis(redis_server: Any)
         assert b.proxy.answers.find(answer, None) is not None  # followed, not produced
         assert not b.proxy.answers._mismatch
         # Ended: its keys in Redis expire after ``keep``; no lease is left.
-        import coredis
-
         await a.proxy.answers.settled()
         keep = a.proxy.answers.limits.keep
-        async with coredis.Redis.from_url(redis_server.url) as r:
+        async with connected(redis_servers.url) as r:
             keys = sorted(k.decode() for k in await r.keys(f"*{answer}*"))
             assert [k.rsplit(":", 1)[1] for k in keys] == ["log", "meta"]
             for key in keys:

@@ -390,10 +390,31 @@ def _batch(*args: str, cwd: Path) -> subprocess.Popen[str]:
     )
 
 
-def test_a_killed_batch_run_again_finishes_the_rest(tmp_path: Path) -> None:
+def _same_answers(lines: list[str]) -> list[tuple[str, str]]:
+    """An OpenAI Batch output file's answers by ``custom_id``, each line read by the official
+    SDK's type (the line's ``id`` and the completion's ``id`` and time are its own)."""
+    import openai.types.chat
+
+    answers = []
+    for line in lines:
+        record = json.loads(line)
+        body = openai.types.chat.ChatCompletion.model_validate(record["response"]["body"])
+        answers.append((record["custom_id"], body.choices[0].message.content or ""))
+    return sorted(answers)
+
+
+@pytest.mark.parametrize("shape", ["streamres", "openai"])
+def test_a_killed_batch_run_again_finishes_the_rest(tmp_path: Path, shape: str) -> None:
     """``streamres batch`` killed (SIGKILL) after a few answers, then the same command: every
-    id answered exactly once, the records those of an uninterrupted run (sorted by id)."""
-    (tmp_path / "in.jsonl").write_text("\n".join(_lines(30)) + "\n")
+    id answered exactly once, the records those of an uninterrupted run (sorted by id) — for
+    streamres's own file, and for an OpenAI Batch input file (its output file: each
+    ``custom_id`` once, the same answers)."""
+    lines = (
+        _lines(30)
+        if shape == "streamres"
+        else [_openai_line(i, model="demo-large") for i in range(30)]
+    )
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     args = ("in.jsonl", "--faults", "none", "--token-delay", "0.003", "--account-limit", "3")
     whole = _batch(*args, "-o", "whole.jsonl", cwd=tmp_path)
     out, err = whole.communicate(timeout=120)
@@ -414,7 +435,12 @@ def test_a_killed_batch_run_again_finishes_the_rest(tmp_path: Path) -> None:
     assert f"{30 - len(partial)} answered, 0 failed, {len(partial)} already done, of 30" in out
     cut = (tmp_path / "cut.jsonl").read_text().splitlines()
     assert len(cut) == 30
-    assert sorted(cut) == sorted((tmp_path / "whole.jsonl").read_text().splitlines())
+    whole_lines = (tmp_path / "whole.jsonl").read_text().splitlines()
+    if shape == "streamres":
+        assert sorted(cut) == sorted(whole_lines)
+    else:
+        assert _same_answers(cut) == _same_answers(whole_lines)
+        assert len({json.loads(line)["custom_id"] for line in cut}) == 30
 
 
 def test_the_command_lists_bad_lines_and_exits_1(tmp_path: Path) -> None:

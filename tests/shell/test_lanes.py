@@ -16,7 +16,8 @@ import streamres
 from streamres._core.lanes import Line, check_priority, parse_priority
 from streamres._shell.limits import Slots
 from streamres.upstream import Upstream
-from tests.helpers.redis import RedisServer
+from tests.helpers.redis import EVERY_REDIS, connected
+from tests.helpers.redis import Servers as RedisServers
 
 pytestmark = pytest.mark.anyio
 
@@ -173,17 +174,18 @@ async def test_a_bad_priority_is_refused_before_any_request() -> None:
 
 BATCH = textwrap.dedent(
     """
-    import sys, anyio, coredis, streamres
+    import sys, anyio, streamres
+    from streamres._shell.shared.servers import Servers
     url, shared = sys.argv[1], sys.argv[2]
-    LINE = "streamres:slots:account:acct:line"
+    LINE = "{streamres}:slots:account:acct:line"
     async def one(client, name):
         q = [{"role": "user", "content": f"Question {name}: explain TCP slow start."}]
         async for _ in client.stream(q, model="m", priority="low"):
             pass
     async def main():
         route = streamres.Route("m", base_url=url, api_key="k", account="acct")
-        redis = coredis.Redis.from_url(shared)
-        async with redis, streamres.Client(
+        redis, enter = Servers.parse(shared).client()
+        async with enter(), streamres.Client(
             [route], account_limits={"acct": 1}, shared=shared
         ) as c, anyio.create_task_group() as tg:
             for i, name in enumerate(("batch1", "batch2", "batch3")):
@@ -196,27 +198,25 @@ BATCH = textwrap.dedent(
 )
 
 
-async def test_lanes_hold_across_processes_sharing_redis(redis_server: RedisServer) -> None:
+@EVERY_REDIS
+async def test_lanes_hold_across_processes_sharing_redis(redis_servers: RedisServers) -> None:
     """A slot held in this process; another process queues three low-priority answers on the
     shared line; a high-priority answer arriving here after them is served first, then the
     batch in arrival order."""
-    import coredis
-
-    line = "streamres:slots:account:acct:line"
+    line = "{streamres}:slots:account:acct:line"
     async with Upstream(words=12) as up:
         route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
-        redis = coredis.Redis.from_url(redis_server.url, decode_responses=True)
         async with (
-            redis,
+            connected(redis_servers.url, decode_responses=True) as redis,
             streamres.Client(
-                [route], account_limits={"acct": 1}, shared=redis_server.url
+                [route], account_limits={"acct": 1}, shared=redis_servers.url
             ) as client,
         ):
             held = await _hold_first_slot(client, "held")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(
                     lambda: anyio.run_process(
-                        [sys.executable, "-c", BATCH, up.openai_url, redis_server.url],
+                        [sys.executable, "-c", BATCH, up.openai_url, redis_servers.url],
                         check=True,
                         stderr=None,
                     )

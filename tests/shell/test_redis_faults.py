@@ -18,16 +18,19 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from streamres.upstream import Upstream
-from tests.helpers.redis import RedisServer
+from tests.helpers.redis import RedisSentinelServers, RedisServer, connected
+from tests.helpers.redis import Servers as RedisServers
 
 pytestmark = pytest.mark.anyio
 
+Q = [{"role": "user", "content": "Explain TCP slow start."}]
 LIMIT, WORKERS, EACH = 6, 3, 4  # 12 streams wanted at once, 6 allowed
 WORDS, DELAY = 40, 0.02  # answers of about a second
 #: After a fault begins: the processes see it (their next call fails, within a second) and
@@ -106,11 +109,21 @@ async def _workers(url: str, shared: str) -> AsyncIterator[list[dict[str, Any]]]
 
 
 async def _redis(url: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
-    import coredis
-
-    client = coredis.Redis.from_url(url, decode_responses=True)
-    async with client:
+    """One call on the servers a shared-state URL names (one server, a cluster, Sentinel's
+    primary)."""
+    async with connected(url, decode_responses=True) as client:
         return await call(client)
+
+
+async def _fill(url: str) -> None:
+    """A server full: its memory limit below what it uses, writes refused (``noeviction``);
+    pings, reads and pub/sub answered."""
+
+    async def full(r: Any) -> None:
+        used = int((await r.info("memory"))["used_memory"])
+        await r.config_set({"maxmemory": str(used // 2), "maxmemory-policy": "noeviction"})
+
+    await _redis(url, full)
 
 
 async def _all_seen(url: str) -> None:
@@ -119,7 +132,7 @@ async def _all_seen(url: str) -> None:
 
     async def scores() -> list[float]:
         got = await _redis(
-            url, lambda r: r.zrange("streamres:metrics:procs", 0, -1, withscores=True)
+            url, lambda r: r.zrange("{streamres}:metrics:procs", 0, -1, withscores=True)
         )
         return [float(m.score) for m in got]
 
@@ -139,9 +152,10 @@ async def _window(up: Upstream, seconds: float) -> int:
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the workers are processes of their own
 async def test_an_account_limit_holds_through_every_redis_fault(
-    redis_server: RedisServer,
+    redis_servers: RedisServers,
 ) -> None:
-    url = redis_server.url
+    """On one Redis, Valkey, a Redis Cluster and a primary with Sentinel alike."""
+    url = redis_servers.url
     peaks: dict[str, int] = {}
     async with Upstream(token_delay=DELAY, words=WORDS) as up:
         async with _workers(up.openai_url, url) as results:
@@ -149,41 +163,42 @@ async def test_an_account_limit_holds_through_every_redis_fault(
             peaks["steady"] = await _window(up, 2.0)
 
             # Killed, and back without its data.
-            redis_server.stop()
+            redis_servers.stop()
             await anyio.sleep(SETTLE)
             peaks["killed"] = await _window(up, 2.0)
-            redis_server.start()
+            redis_servers.start()
             await anyio.sleep(RECOVERY)
             peaks["after restart"] = await _window(up, 2.0)
 
             # Paused: every call times out; then back with its data (and its late replies).
-            assert redis_server.proc is not None
-            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            pids = redis_servers.pids()
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
             try:
                 await anyio.sleep(SETTLE)
                 peaks["paused"] = await _window(up, 2.0)
             finally:
-                os.kill(redis_server.proc.pid, signal.SIGCONT)
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
             await anyio.sleep(RECOVERY)
             peaks["after pause"] = await _window(up, 2.0)
 
             # Emptied under the fleet's feet: no connection lost, every lease gone.
-            await _redis(url, lambda r: r.flushall())
+            for primary in redis_servers.primaries():
+                await _redis(primary, lambda r: r.flushall())
             peaks["flushed"] = await _window(up, RECOVERY)
             peaks["after flush"] = await _window(up, 2.0)
 
             # Full: writes refused, pings answered.
-            await _redis(url, lambda r: r.set("ballast", "x" * 2_000_000))
-            await _redis(
-                url, lambda r: r.config_set({"maxmemory": "1mb", "maxmemory-policy": "noeviction"})
-            )
+            for primary in redis_servers.primaries():
+                await _fill(primary)
             await anyio.sleep(SETTLE)
             peaks["full"] = await _window(up, 2.0)
-            await _redis(url, lambda r: r.delete(["ballast"]))
-            await _redis(url, lambda r: r.config_set({"maxmemory": "0"}))
+            for primary in redis_servers.primaries():
+                await _redis(primary, lambda r: r.config_set({"maxmemory": "0"}))
             await anyio.sleep(RECOVERY)
             peaks["after full"] = await _window(up, 2.0)
-        answer = up.answer([{"role": "user", "content": "Explain TCP slow start."}], words=WORDS)
+        answer = up.answer(Q, words=WORDS)
     texts = [t for r in results for t in r["texts"]]
     errors = [e for r in results for e in r["errors"]]
     assert not errors, errors[:3]
@@ -197,6 +212,38 @@ async def test_an_account_limit_holds_through_every_redis_fault(
         # At the limit and not under it: no lease left behind (a late reply, a lost release)
         # holds a slot that no answer uses.
         assert peaks[phase] == LIMIT, (phase, peaks)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_account_limit_holds_through_a_sentinel_failover(tmp_path: Path) -> None:
+    """Sentinel moves the primary to its replica while three processes stream under the
+    account limit: the fleet follows it (coredis asks Sentinel again), keeps within the limit
+    throughout, is back at the limit within ``RECOVERY``, and every answer is exact."""
+    servers = RedisSentinelServers(tmp_path)
+    servers.create()
+    peaks: dict[str, int] = {}
+    try:
+        async with Upstream(token_delay=DELAY, words=WORDS) as up:
+            async with _workers(up.openai_url, servers.url) as results:
+                await _all_seen(servers.url)
+                peaks["steady"] = await _window(up, 2.0)
+                old = servers.primary
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.to_thread.run_sync, servers.fail_over)
+                    peaks["failing over"] = await _window(up, SETTLE)
+                assert servers.primary != old
+                await anyio.sleep(RECOVERY)
+                peaks["after"] = await _window(up, 2.0)
+            answer = up.answer(Q, words=WORDS)
+    finally:
+        servers.close()
+    texts = [t for r in results for t in r["texts"]]
+    errors = [e for r in results for e in r["errors"]]
+    assert not errors, errors[:3]
+    assert len(texts) > 30 and all(t == answer for t in texts)
+    assert peaks["steady"] == LIMIT, peaks
+    assert peaks["failing over"] <= LIMIT, peaks
+    assert peaks["after"] == LIMIT, peaks
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import streamres
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
-from tests.helpers.redis import RedisServer, free_port
+from tests.helpers.redis import EVERY_REDIS, EVERY_REDIS_ASYNCIO, RedisServer, free_port
+from tests.helpers.redis import Servers as RedisServers
 
 pytestmark = pytest.mark.anyio
 Q = [{"role": "user", "content": "Explain TCP slow start."}]
@@ -76,12 +77,15 @@ async def _workers(url: str, shared: str, workers: int, streams: int) -> list[st
     return texts
 
 
-async def test_an_account_quota_holds_across_four_processes(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the workers are processes of their own
+@EVERY_REDIS_ASYNCIO
+async def test_an_account_quota_holds_across_four_processes(redis_servers: RedisServers) -> None:
     """4 processes × 50 streams, an account quota of 10: with shared state the upstream never
     serves more than 10 at once, and every answer is exact; each process alone keeps its own
-    10, so without sharing the upstream sees up to 40."""
+    10, so without sharing the upstream sees up to 40. On one Redis, Valkey, a Redis Cluster
+    and a primary with Sentinel alike."""
     async with Upstream(token_delay=0.01, words=30) as up:
-        texts = await _workers(up.openai_url, redis_server.url, 4, 50)
+        texts = await _workers(up.openai_url, redis_servers.url, 4, 50)
         shared_peak = up.peak_in_flight()
         want = up.answer(Q, words=30)
     async with Upstream(token_delay=0.01, words=30) as up:
@@ -92,13 +96,14 @@ async def test_an_account_quota_holds_across_four_processes(redis_server: RedisS
     assert shared_peak <= 10 < alone_peak
 
 
-async def test_a_model_jammed_for_one_process_opens_for_all(redis_server: RedisServer) -> None:
+@EVERY_REDIS
+async def test_a_model_jammed_for_one_process_opens_for_all(redis_servers: RedisServers) -> None:
     """Three failures open the breaker in one client: another client (a process of its own
     would do the same) refuses that model as soon as the news arrives, and a client started
     later reads it too."""
     async with Upstream(models={"m": ModelSpec(faults=FaultPlan("503*50"))}) as up:
         routes = [streamres.Route("m", base_url=up.openai_url, api_key="k")]
-        kw: dict[str, Any] = {"shared": redis_server.url, "breaker_recovery": 60.0}
+        kw: dict[str, Any] = {"shared": redis_servers.url, "breaker_recovery": 60.0}
         async with streamres.Client(routes, **kw) as a, streamres.Client(routes, **kw) as b:
             with pytest.raises(streamres.StreamError):
                 async for _ in a.stream(Q, model="m", max_attempts=3, deadline=20):
@@ -145,7 +150,8 @@ async def test_a_first_token_limit_learnt_in_one_process_serves_another(
     assert done.history[0].outcome == "stall" and done.elapsed < 30
 
 
-async def test_weights_and_metrics_are_the_fleets(redis_server: RedisServer) -> None:
+@EVERY_REDIS
+async def test_weights_and_metrics_are_the_fleets(redis_servers: RedisServers) -> None:
     """Two capacity errors on a model in one client lower its weight in another (and in one
     started later) to the same value; each client's metrics are its own, the fleet's are the
     sum over both."""
@@ -155,7 +161,7 @@ async def test_weights_and_metrics_are_the_fleets(redis_server: RedisServer) -> 
             streamres.Route("a", base_url=up.openai_url, api_key="k"),
             streamres.Route("b", base_url=up.openai_url, api_key="k"),
         ]
-        kw: dict[str, Any] = {"shared": redis_server.url, "backoff": streamres.Backoff(0.01)}
+        kw: dict[str, Any] = {"shared": redis_servers.url, "backoff": streamres.Backoff(0.01)}
         async with streamres.Client(routes, **kw) as a, streamres.Client(routes, **kw) as b:
             async for _ in a.stream(Q, model="a", fallback=False):
                 pass
@@ -484,7 +490,8 @@ async def test_proxy_workers_share_an_account_limit(
     assert peaks["shared"] <= 4
 
 
-async def test_the_retry_budget_is_one_for_every_process(redis_server: RedisServer) -> None:
+@EVERY_REDIS
+async def test_the_retry_budget_is_one_for_every_process(redis_servers: RedisServers) -> None:
     """A budget of one retry token (no refill to speak of): one client's retry spends it, so
     another client's retry finds none and gives up instead of retrying — 3 requests at the
     upstream, where two budgets of their own would have made 4."""
@@ -495,7 +502,7 @@ async def test_the_retry_budget_is_one_for_every_process(redis_server: RedisServ
         clients = [
             streamres.Client(
                 routes,
-                shared=redis_server.url,
+                shared=redis_servers.url,
                 shared_prefix=f"b{uuid.uuid4().hex[:8]}",
                 retry_budget=streamres.RetryBudget(**budget),
                 breaker_threshold=100,
@@ -505,7 +512,7 @@ async def test_the_retry_budget_is_one_for_every_process(redis_server: RedisServ
         clients.append(
             streamres.Client(
                 routes,
-                shared=redis_server.url,
+                shared=redis_servers.url,
                 shared_prefix=clients[0]._shared_prefix,
                 retry_budget=streamres.RetryBudget(**budget),
                 breaker_threshold=100,
@@ -551,7 +558,7 @@ async def test_the_limit_holds_through_a_redis_restart_that_loses_every_lease(
     upstream never serves more than two at once, and every answer is exact."""
     import coredis
 
-    slots = "streamres:slots:account:acct"
+    slots = "{streamres}:slots:account:acct"
     async with Upstream(token_delay=0.02, words=120) as up:  # answers of 2.5 s and more
         route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
         async with streamres.Client(

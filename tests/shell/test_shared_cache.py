@@ -14,7 +14,8 @@ import streamres
 from streamres._core.cache import decode_answer, encode_answer
 from streamres._core.events import DoneEvent, TextEvent, ToolCall, ToolCallEvent, Usage
 from streamres.upstream import Upstream
-from tests.helpers.redis import RedisServer
+from tests.helpers.redis import EVERY_REDIS, RedisServer
+from tests.helpers.redis import Servers as RedisServers
 from tests.helpers.streams import collect
 
 pytestmark = pytest.mark.anyio
@@ -24,7 +25,7 @@ def _q(text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": text}]
 
 
-def _client(up: Upstream, redis: RedisServer, cache: streamres.Cache) -> streamres.Client:
+def _client(up: Upstream, redis: RedisServers, cache: streamres.Cache) -> streamres.Client:
     return streamres.Client(
         [streamres.Route("m", base_url=up.openai_url, api_key="k")],
         shared=redis.url,
@@ -48,16 +49,17 @@ def _toy(text: str) -> Sequence[float]:
     )
 
 
+@EVERY_REDIS
 async def test_an_answer_kept_by_one_process_is_a_hit_for_another(
-    redis_server: RedisServer,
+    redis_servers: RedisServers,
 ) -> None:
     """Two clients (as two proxy workers) on one Redis: the second asks what the first was
     answered — no upstream request, the same text, marked a hit."""
     async with Upstream() as up:
-        async with _client(up, redis_server, streamres.Cache()) as a:
+        async with _client(up, redis_servers, streamres.Cache()) as a:
             first = await _ask(a, "Explain TCP slow start.")
             await _flushed(a)
-        async with _client(up, redis_server, streamres.Cache()) as b:
+        async with _client(up, redis_servers, streamres.Cache()) as b:
             again = await _ask(b, "Explain TCP slow start.")
         assert len(up.requests) == 1
         assert (
@@ -115,8 +117,8 @@ async def test_the_fleets_cache_keeps_its_bounds(redis_server: RedisServer) -> N
             assert (await _ask(b, "three?")).cache == "hit"
             assert (await _ask(b, "one?")).cache == ""
         async with coredis.Redis.from_url(redis_server.url, decode_responses=True) as r:
-            assert await r.zcard("streamres:cache:index") == 2
-            assert len(await r.keys("streamres:cache:a:*")) == 2
+            assert await r.zcard("{streamres}:cache:index") == 2
+            assert len(await r.keys("{streamres}:cache:a:*")) == 2
         assert len(up.requests) == 4
 
 

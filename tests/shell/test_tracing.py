@@ -321,3 +321,115 @@ async def test_a_failed_answer_is_measured_with_its_error_type() -> None:
     finally:
         meters.shutdown()
     assert duration.attributes["error.type"] == "RequestRejected"
+
+
+def _answer_span(exporter: InMemorySpanExporter) -> ReadableSpan:
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "chat m"]
+    return span
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the official SDK's client
+@pytest.mark.parametrize("opt_in", ["", "gen_ai_latest_experimental"])
+async def test_side_by_side_with_the_official_instrumentation(
+    opt_in: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same request made by the ``openai`` SDK under ``opentelemetry-instrumentation-
+    openai-v2`` and by streamres, each with its own in-memory exporter and reader: streamres's
+    answer span carries every attribute the official span does, with the same values (the
+    response id aside: a response of its own); its metrics include every metric the official
+    records, with the same attribute names and bucket boundaries; and each measurement's
+    exemplar names its own answer's trace — by default and under the conventions' opt-in."""
+    import openai
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", opt_in)
+    sides: dict[str, tuple[InMemorySpanExporter, InMemoryMetricReader]] = {}
+    providers: list[Any] = []
+
+    def side(name: str) -> tuple[TracerProvider, MeterProvider]:
+        exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+        traces, meters = TracerProvider(), MeterProvider(metric_readers=[reader])
+        traces.add_span_processor(SimpleSpanProcessor(exporter))
+        sides[name] = exporter, reader
+        providers.extend((traces, meters))
+        return traces, meters
+
+    asked: dict[str, Any] = {"max_tokens": 100, "temperature": 0.5}
+    try:
+        async with Upstream(words=12) as up:
+            traces, meters = side("official")
+            official = OpenAIInstrumentor()
+            official.instrument(tracer_provider=traces, meter_provider=meters)
+            try:
+                sdk = openai.AsyncOpenAI(base_url=up.openai_url, api_key="k")
+                chunks = await sdk.chat.completions.create(
+                    model="m",
+                    messages=Q,  # type: ignore[arg-type]
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    **asked,
+                )
+                async for _ in chunks:
+                    pass
+                await sdk.close()
+            finally:
+                official.uninstrument()
+            traces, meters = side("streamres")
+            route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+            async with streamres.Client([route], tracing=traces, metrics=meters) as client:
+                await collect(client.stream(Q, model="m", **asked))
+        spans = {name: _answer_span(exporter) for name, (exporter, _) in sides.items()}
+        points = {name: _points(reader) for name, (_, reader) in sides.items()}
+    finally:
+        for provider in providers:
+            provider.shutdown()
+    theirs, ours = (dict(spans[n].attributes or {}) for n in ("official", "streamres"))
+    assert spans["official"].kind == spans["streamres"].kind
+    assert "gen_ai.provider.name" in theirs  # the official span is what it is said to be
+    missing = set(theirs) - set(ours)
+    assert not missing, missing
+    differ = {k for k in theirs if k != "gen_ai.response.id" and theirs[k] != ours[k]}
+    assert not differ, {k: (theirs[k], ours[k]) for k in differ}
+    assert str(ours["gen_ai.response.id"]).startswith("chatcmpl-")
+    assert "gen_ai.client.operation.duration" in points["official"]
+    for metric, recorded in points["official"].items():
+        assert metric in points["streamres"], metric
+        mine = points["streamres"][metric]
+        assert {frozenset(p.attributes) for p in recorded} <= {
+            frozenset(p.attributes) for p in mine
+        }, metric
+        assert {tuple(p.explicit_bounds) for p in recorded} == {
+            tuple(p.explicit_bounds) for p in mine
+        }, metric
+    for name, recorded in points.items():
+        trace_id = spans[name].context.trace_id  # type: ignore[union-attr]
+        for metric in ("gen_ai.client.operation.duration", "gen_ai.client.token.usage"):
+            exemplars = [e for p in recorded[metric] for e in p.exemplars]
+            assert exemplars and {e.trace_id for e in exemplars} == {trace_id}, (name, metric)
+
+
+async def test_time_per_output_chunk_is_measured_after_the_first() -> None:
+    """One measurement per output chunk after the first, the first being time to first
+    chunk; their sum is the time between the first output and the last."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    try:
+        async with Upstream(words=12, token_delay=0.01) as up:
+            route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+            async with streamres.Client([route], metrics=meters) as client:
+                chunks = 0
+                async for ev in client.stream(Q, model="m"):
+                    chunks += ev.type == "text"
+        got = _points(reader)
+    finally:
+        meters.shutdown()
+    (per_chunk,) = got["gen_ai.client.operation.time_per_output_chunk"]
+    (first,) = got["gen_ai.client.operation.time_to_first_chunk"]
+    (duration,) = got["gen_ai.client.operation.duration"]
+    assert chunks > 2 and per_chunk.count == chunks - 1
+    assert 0 < first.sum + per_chunk.sum <= duration.sum

@@ -19,6 +19,7 @@ from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
 from streamres._shell.limits import Limits, Slots
 from streamres._shell.log import log
+from streamres._shell.shared.servers import tagged
 
 __all__ = ["STARTUP", "Connection", "SharedStatus"]
 
@@ -53,7 +54,10 @@ class Connection(Limits):
         super().__init__(routes, account_limits)
         self.url = url
         self.fleet = fleet
-        self.prefix = prefix
+        #: The fleet's name, and the prefix of its keys: the name as a hash tag
+        #: (``{streamres}``), one slot on a Redis Cluster (``servers``).
+        self.name = prefix
+        self.prefix = tagged(prefix)
         self.timeout = timeout
         self.id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.connected = True
@@ -70,7 +74,7 @@ class Connection(Limits):
         #: The fleet's epoch as this process last saw it ('' before the first slot), and the
         #: one recovery at a time when Redis turns out to have lost the leases.
         self._epoch = ""
-        self._epoch_key = f"{prefix}:epoch"
+        self._epoch_key = f"{self.prefix}:epoch"
         self._recovering = anyio.Lock()
         #: Leases Redis may hold that no answer here uses — asked for by calls that got no
         #: answer, released while Redis was away — taken back at the rejoin.
@@ -92,7 +96,7 @@ class Connection(Limits):
         self.others: list[dict[str, dict[str, object]]] = []
         #: The local limits cut to this process's share while Redis is away, and by how much.
         self._shrunk: list[tuple[Slots, int]] = []
-        self._channel = f"{prefix}:events"
+        self._channel = f"{prefix}:events"  # channels have no slots: the plain name
         #: What to do with other kinds of news (by its ``kind``), for state kept elsewhere
         #: (the shared answer cache).
         self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {}

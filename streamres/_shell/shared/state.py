@@ -46,7 +46,8 @@ fleet's *epoch* — a key each process checks every second and every slot reques
 or new, the process puts its leases back, and for 1.5 s no new slot is taken, so every process
 has put its own back first. The first calls at start (connecting, loading the scripts) have
 their own patience (``STARTUP``, 5 s): a machine busy starting many processes does not start
-them on local limits. Works with Redis and Valkey through coredis (by the author of the
+them on local limits. Works with Redis and Valkey, one server, a Redis Cluster or a primary that
+Sentinel watches (the URL says which: ``servers``), through coredis (by the author of the
 ``limits`` library), built on anyio: asyncio and trio alike.
 """
 
@@ -54,9 +55,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import anyio
 
+from streamres._core.redact import redact_url
+from streamres._shell.log import log
 from streamres._shell.shared.broadcast import SCRIPTS as BROADCAST
 from streamres._shell.shared.broadcast import Broadcast
 from streamres._shell.shared.budget import SCRIPTS as BUDGET
@@ -66,6 +70,7 @@ from streamres._shell.shared.leases import LEASE, Leases
 from streamres._shell.shared.leases import SCRIPTS as LEASES
 from streamres._shell.shared.metrics import SCRIPTS as METRICS
 from streamres._shell.shared.metrics import Metrics
+from streamres._shell.shared.servers import Servers, held
 
 __all__ = ["LEASE", "SharedState", "SharedStatus"]
 
@@ -79,13 +84,12 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[SharedState]:
-        import coredis
         from coredis.retry import NoRetryPolicy
 
+        servers = Servers.parse(self.url)
         # No retries inside the client: a call that fails is this module's to handle (local
         # mode), within its own bound.
-        self._redis = coredis.Redis.from_url(
-            self.url,
+        self._redis, streams = servers.client(
             stream_timeout=self.timeout,
             # A connection's handshake may take the start's patience; a stream's call is
             # bounded all the same (``_bounded``).
@@ -94,11 +98,8 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
             decode_responses=True,
         )
         # Pub/sub waits for messages indefinitely: its own connection, without a read timeout.
-        self._subscriber = coredis.Redis.from_url(
-            self.url,
-            connect_timeout=STARTUP,
-            retry_policy=NoRetryPolicy(),
-            decode_responses=True,
+        self._subscriber, messages = servers.client(
+            connect_timeout=STARTUP, retry_policy=NoRetryPolicy(), decode_responses=True
         )
         sources = SOURCES
         self._scripts.update(
@@ -110,24 +111,30 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
         local_budget = self.fleet.budget
         self.fleet.budget = SharedBudget(local_budget, self._budget_post)
         try:
-            async with self._redis, self._subscriber, anyio.create_task_group() as tg:
-                await self._warm_up(sources)
-                tg.start_soon(self._listen)
-                tg.start_soon(self._send_outbox)
-                tg.start_soon(self._keep_leases)
-                tg.start_soon(self._send_deposits)
-                tg.start_soon(self._sync_metrics_often)
-                # Subscribed first, then the state read: no news can fall in between.
-                with anyio.move_on_after(self.timeout * 4):
-                    await self._subscribed.wait()
-                await self._load_state()
-                try:
-                    yield self
-                finally:
-                    tg.cancel_scope.cancel()
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                        await self._drain()  # before the connections close
-                        await self._release_all()
+            # The clients are held by tasks of their own, outside the parts' task group: they
+            # outlive the parts' last calls (the drain, the releases).
+            async with anyio.create_task_group() as clients:
+                await clients.start(held, streams)
+                await clients.start(held, messages)
+                async with anyio.create_task_group() as tg:
+                    await self._warm_up(servers, sources)
+                    tg.start_soon(self._listen)
+                    tg.start_soon(self._send_outbox)
+                    tg.start_soon(self._keep_leases)
+                    tg.start_soon(self._send_deposits)
+                    tg.start_soon(self._sync_metrics_often)
+                    # Subscribed first, then the state read: no news can fall in between.
+                    with anyio.move_on_after(self.timeout * 4):
+                        await self._subscribed.wait()
+                    await self._load_state()
+                    try:
+                        yield self
+                    finally:
+                        tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    await self._drain()  # before the connections close
+                    await self._release_all()
+                clients.cancel_scope.cancel()
         finally:
             self.fleet.on_change = None
             self.fleet.on_weight = None
@@ -135,15 +142,13 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
             self._outbox_send.close()
             self._outbox.close()
 
-    async def _warm_up(self, sources: Mapping[str, str]) -> None:
+    async def _warm_up(self, servers: Servers, sources: Mapping[str, str]) -> None:
         """The first calls — the connection, loading the scripts — with their own patience
         (``STARTUP``): a machine busy starting many processes at once would otherwise see
         them pass the 0.25 s bound of a stream's call and start on local limits."""
-        import coredis
         from coredis.retry import NoRetryPolicy
 
-        patient = coredis.Redis.from_url(
-            self.url,
+        patient, enter = servers.client(
             stream_timeout=STARTUP,
             connect_timeout=STARTUP,
             retry_policy=NoRetryPolicy(),
@@ -151,12 +156,26 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
         )
         try:
             with anyio.fail_after(STARTUP):
-                async with patient:  # the scripts are the server's: loaded once for all
+                async with enter():  # the scripts are the server's: loaded once for all
                     for source in sources.values():
-                        await patient.script_load(source)
+                        await patient.script_load(source)  # a cluster's: on every node
+                    if servers.kind == "server":
+                        await self._not_a_cluster_node(patient)
                 await self._redis.ping()  # the streams' own connection, made now
         except Exception as exc:  # down or far too slow: local limits until it answers
             self._lost(exc)
+
+    async def _not_a_cluster_node(self, client: Any) -> None:
+        """A ``redis://`` URL that names one node of a cluster: every call for a key another
+        node holds is refused (``MOVED``), so say what URL to use."""
+        info = await client.info("cluster")
+        if str(info.get("cluster_enabled", "0")) == "1":
+            log.warning(
+                "streamres.shared_url_is_a_cluster_node",
+                url=redact_url(self.url),
+                hint="this server is a node of a Redis Cluster: "
+                "use redis+cluster://host:port[,host:port] to use the whole cluster",
+            )
 
     async def _keep_leases(self) -> None:
         """Extend the leases of answers still running; while Redis is away, check for it."""
