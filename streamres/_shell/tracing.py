@@ -259,9 +259,8 @@ class AnswerTrace:
         }
         self._started = time.monotonic()
         self._first_output: float | None = None
-        #: Output chunk times after the first (recorded at the end, in the span's context).
+        #: When the last output chunk came (seconds from the start).
         self._last_chunk = 0.0
-        self._chunk_gaps: list[float] = []
         self._number = 0
         self._model = route.model
         self._next_model = route.model
@@ -321,9 +320,11 @@ class AnswerTrace:
             if self._first_output is None:
                 self._first_output = time.monotonic() - self._started
                 self._last_chunk = self._first_output
-            elif self.tracing.meters is not None:
+            elif (meters := self.tracing.meters) is not None:
                 at = time.monotonic() - self._started
-                self._chunk_gaps.append(at - self._last_chunk)
+                with self._trace.use_span(self.span, end_on_exit=False):  # its exemplars
+                    labels = {**self._metric_attributes, "gen_ai.response.model": self._model}
+                    meters.per_chunk.record(at - self._last_chunk, labels)
                 self._last_chunk = at
             if self._first_at is None:
                 self._first_at = now
@@ -414,8 +415,6 @@ class AnswerTrace:
         meters.duration.record(time.monotonic() - self._started, labels)
         if self._first_output is not None:
             meters.first_chunk.record(self._first_output, labels)
-        for gap in self._chunk_gaps:
-            meters.per_chunk.record(gap, labels)
         meters.attempts.add(ev.attempts, labels)
         meters.resumes.add(ev.resumes, labels)
         pairs = zip(ev.history, ev.history[1:], strict=False)

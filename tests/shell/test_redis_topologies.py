@@ -12,7 +12,7 @@ import pytest
 import streamres
 from streamres._shell.shared.servers import Servers, tagged
 from streamres.upstream import Upstream
-from tests.helpers.redis import RedisClusterServers, connected
+from tests.helpers.redis import RedisClusterServers, RedisServer, connected
 
 pytestmark = pytest.mark.anyio
 
@@ -130,3 +130,25 @@ async def test_a_cluster_down_at_start_is_joined_when_it_comes_up(tmp_path: Path
                 await stream.aclose()
     finally:
         cluster.close()
+
+
+async def test_a_client_left_by_an_exception_gives_its_slots_back(
+    redis_server: RedisServer,
+) -> None:
+    """The block around a client raises while an answer holds a slot: the slot is back in
+    Redis when the block is left, not when its lease lapses; and the answer closed afterwards
+    closes quietly (it raised ``ClosedResourceError``, from the client's closed outbox)."""
+    async with Upstream(token_delay=0.05) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+        key = "{streamres}:slots:account:acct"
+        async with connected(redis_server.url, decode_responses=True) as redis:
+            with pytest.raises(RuntimeError, match="the caller's own"):
+                async with streamres.Client(
+                    [route], shared=redis_server.url, account_limits={"acct": 2}
+                ) as client:
+                    stream = client.stream(Q, model="m")
+                    await anext(stream)
+                    assert await redis.zcard(key) == 1
+                    raise RuntimeError("the caller's own")
+            assert await redis.zcard(key) == 0
+            await stream.aclose()

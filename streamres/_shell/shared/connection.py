@@ -194,7 +194,9 @@ class Connection(Limits):
         await self._bounded(lambda: self._redis.publish(self._channel, json.dumps(event)))
 
     def _post(self, name: str, keys: list[str], args: list[Any]) -> None:
-        with contextlib.suppress(anyio.WouldBlock):
+        # Full: dropped (a lease lapses by itself). Closed: the client has ended, and gave
+        # back everything it held as it did — a stream closed afterwards has nothing to send.
+        with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
             self._outbox_send.send_nowait((name, keys, args))
 
     async def _send_outbox(self) -> None:

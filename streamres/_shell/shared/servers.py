@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
@@ -43,13 +43,13 @@ SENTINEL = ("redis+sentinel://", "rediss+sentinel://")
 class Servers:
     """A shared-state URL, read."""
 
-    url: str
+    url: str = field(repr=False)  # it may hold the password
     kind: Literal["server", "cluster", "sentinel"]
     nodes: tuple[tuple[str, int], ...] = ()
     service: str = ""
     db: int = 0
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     tls: bool = False
 
     @classmethod
@@ -111,13 +111,14 @@ class Servers:
         if self.kind == "cluster":
             cluster = coredis.RedisCluster(startup_nodes=locations, **auth, **options)
             return cluster, lambda: cluster
-        retry = options.pop("retry_policy", None)
-        sentinel = coredis.Sentinel(
-            locations,
-            decode_responses=options.pop("decode_responses", False),
-            **({"retry_policy": retry} if retry is not None else {}),
-            connect_timeout=options.get("connect_timeout"),
-        )
+        # The Sentinel's own options: how its replies are read, the retries of the primary's
+        # calls, and the time to connect (to the Sentinels and to the primary alike).
+        own: dict[str, Any] = {
+            k: options.pop(k) for k in ("decode_responses", "retry_policy") if k in options
+        }
+        if "connect_timeout" in options:
+            own["connect_timeout"] = options["connect_timeout"]
+        sentinel = coredis.Sentinel(locations, **own)
         primary = sentinel.primary_for(self.service, db=self.db, **auth, **options)
 
         @contextlib.asynccontextmanager

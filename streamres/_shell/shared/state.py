@@ -116,25 +116,27 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
             async with anyio.create_task_group() as clients:
                 await clients.start(held, streams)
                 await clients.start(held, messages)
-                async with anyio.create_task_group() as tg:
-                    await self._warm_up(servers, sources)
-                    tg.start_soon(self._listen)
-                    tg.start_soon(self._send_outbox)
-                    tg.start_soon(self._keep_leases)
-                    tg.start_soon(self._send_deposits)
-                    tg.start_soon(self._sync_metrics_often)
-                    # Subscribed first, then the state read: no news can fall in between.
-                    with anyio.move_on_after(self.timeout * 4):
-                        await self._subscribed.wait()
-                    await self._load_state()
-                    try:
-                        yield self
-                    finally:
-                        tg.cancel_scope.cancel()
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                    await self._drain()  # before the connections close
-                    await self._release_all()
-                clients.cancel_scope.cancel()
+                try:
+                    async with anyio.create_task_group() as tg:
+                        await self._warm_up(servers, sources)
+                        tg.start_soon(self._listen)
+                        tg.start_soon(self._send_outbox)
+                        tg.start_soon(self._keep_leases)
+                        tg.start_soon(self._send_deposits)
+                        tg.start_soon(self._sync_metrics_often)
+                        # Subscribed first, then the state read: no news can fall in between.
+                        with anyio.move_on_after(self.timeout * 4):
+                            await self._subscribed.wait()
+                        await self._load_state()
+                        try:
+                            yield self
+                        finally:
+                            tg.cancel_scope.cancel()
+                finally:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                        await self._drain()  # before the connections close
+                        await self._release_all()
+                    clients.cancel_scope.cancel()
         finally:
             self.fleet.on_change = None
             self.fleet.on_weight = None
@@ -168,7 +170,10 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
     async def _not_a_cluster_node(self, client: Any) -> None:
         """A ``redis://`` URL that names one node of a cluster: every call for a key another
         node holds is refused (``MOVED``), so say what URL to use."""
-        info = await client.info("cluster")
+        try:
+            info = await client.info("cluster")
+        except Exception:  # a server that keeps its INFO to itself: nothing to say
+            return
         if str(info.get("cluster_enabled", "0")) == "1":
             log.warning(
                 "streamres.shared_url_is_a_cluster_node",
