@@ -38,6 +38,21 @@ def test_the_loop_s_lateness_decays_and_says_when_a_timer_is_this_side_s() -> No
     assert abs(lag.late(10.0 + HALF_LIFE) - 1.0) < 1e-9
 
 
+def test_a_timer_run_before_the_watcher_wakes_sees_the_loop_s_lateness() -> None:
+    """The loop was blocked 1.8 s; a connect timer that fires in the same turn as the watcher's
+    overdue wake-up, and runs first, sees the loop 1.8 s late — not the 0.9 s left of the
+    last measurement, which would blame the server for this side's block (one run in three
+    of the test below, before)."""
+    lag = LoopLag()
+    lag.record(1.8, now=10.0)  # the last block, measured
+    lag.expect(10.05)  # the watcher sleeps again; the loop is blocked once more until 11.85
+    assert lag.late(11.85) >= 1.8 - 1e-9
+    assert this_side_busy(3.0, lag.late(11.85))
+    lag.record(1.8, now=11.86)
+    lag.expect(11.91)
+    assert lag.late(11.9) <= lag.late(11.86)  # not overdue yet: the measured lateness, decaying
+
+
 @contextmanager
 def unanswering() -> Iterator[str]:
     """A loopback port whose listen queue is full: a connect to it never completes (the SYN
