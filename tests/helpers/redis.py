@@ -86,16 +86,18 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
     raise RuntimeError(f"{what} did not start")
 
 
-def _cli(exe: str, port: int, *args: str) -> str:
+def _cli(exe: str, port: int, *args: str, password: str | None = None) -> str:
     cli = str(Path(exe).with_name(Path(exe).name.replace("-server", "-cli")))
     if not Path(cli).exists():
         cli = shutil.which("redis-cli") or "redis-cli"
+    env = {**os.environ, "REDISCLI_AUTH": password} if password else None
     done = subprocess.run(
         [cli, "-h", "127.0.0.1", "-p", str(port), *args],
         capture_output=True,
         text=True,
         timeout=30,
         check=True,
+        env=env,
     )
     return done.stdout
 
@@ -104,11 +106,13 @@ class _Servers:
     """Several redis-servers on free loopback ports (a cluster, a primary and its replica),
     each of which :meth:`stop` kills and :meth:`start` starts again as it was."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, password: str | None = None) -> None:
         exe = os.environ.get("STREAMRES_REDIS_SERVER") or shutil.which("redis-server")
         if exe is None:
             pytest.skip("redis-server is not installed (apt-get install redis-server)")
-        self.exe, self.tmp = exe, tmp
+        self.exe, self.tmp, self.password = exe, tmp, password
+        #: ``user:password@`` for the URL (the default user), or nothing.
+        self.auth = f":{password}@" if password else ""
         #: The data servers' command lines, by port, and those running.
         self.commands: dict[int, list[str]] = {}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -116,7 +120,15 @@ class _Servers:
 
     def _command(self, port: int, *extra: str) -> list[str]:
         base = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        if self.password:
+            base += ["--requirepass", self.password, "--masterauth", self.password]
         return [self.exe, *base, "--dir", str(self.tmp), *extra]
+
+    def cli(self, port: int, *args: str) -> str:
+        """``redis-cli`` to one of them (with the password, for a data server)."""
+        return _cli(
+            self.exe, port, *args, password=self.password if port in self.commands else None
+        )
 
     def _server(self, port: int, *extra: str) -> None:
         self.commands[port] = self._command(port, *extra)
@@ -167,10 +179,11 @@ class RedisClusterServers(_Servers):
     """A real three-primary Redis Cluster on loopback (``--cluster-enabled yes`` on three ports,
     joined by ``redis-cli --cluster create``)."""
 
-    def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp)
+    def __init__(self, tmp: Path, password: str | None = None) -> None:
+        super().__init__(tmp, password)
         self.ports = [_cluster_port() for _ in range(3)]
-        self.url = f"redis+cluster://127.0.0.1:{self.ports[0]},127.0.0.1:{self.ports[1]}"
+        nodes = f"127.0.0.1:{self.ports[0]},127.0.0.1:{self.ports[1]}"
+        self.url = f"redis+cluster://{self.auth}{nodes}"
 
     def create(self) -> None:
         for port in self.ports:
@@ -184,7 +197,7 @@ class RedisClusterServers(_Servers):
                 "2000",
             )
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
-        _cli(self.exe, self.ports[0], "--cluster", "create", *nodes, "--cluster-yes")
+        self.cli(self.ports[0], "--cluster", "create", *nodes, "--cluster-yes")
         self._wait_ok()
 
     def start(self) -> None:
@@ -195,13 +208,13 @@ class RedisClusterServers(_Servers):
     def _wait_ok(self) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if all("cluster_state:ok" in _cli(self.exe, p, "cluster", "info") for p in self.ports):
+            if all("cluster_state:ok" in self.cli(p, "cluster", "info") for p in self.ports):
                 return
             time.sleep(0.05)
         raise RuntimeError("the cluster did not come up")
 
     def primaries(self) -> list[str]:
-        return [f"redis://127.0.0.1:{p}/0" for p in self.ports]
+        return [f"redis://{self.auth}127.0.0.1:{p}/0" for p in self.ports]
 
 
 class RedisSentinelServers(_Servers):
@@ -210,10 +223,10 @@ class RedisSentinelServers(_Servers):
 
     SERVICE = "streamres-test"
 
-    def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp)
+    def __init__(self, tmp: Path, password: str | None = None) -> None:
+        super().__init__(tmp, password)
         self.primary, self.replica, self.sentinel = (free_port() for _ in range(3))
-        self.url = f"redis+sentinel://127.0.0.1:{self.sentinel}/{self.SERVICE}/0"
+        self.url = f"redis+sentinel://{self.auth}127.0.0.1:{self.sentinel}/{self.SERVICE}/0"
         self.watcher: subprocess.Popen[bytes] | None = None
 
     def create(self) -> None:
@@ -226,6 +239,7 @@ class RedisSentinelServers(_Servers):
             # A failover only when asked (``fail_over``): a pause or a restart stays one.
             f"sentinel down-after-milliseconds {self.SERVICE} 60000\n"
             f"sentinel failover-timeout {self.SERVICE} 5000\n"
+            + (f"sentinel auth-pass {self.SERVICE} {self.password}\n" if self.password else "")
         )
         self.watcher = subprocess.Popen(
             [self.exe, str(conf), "--sentinel"], stdout=subprocess.DEVNULL
@@ -236,7 +250,7 @@ class RedisSentinelServers(_Servers):
 
     def _wait_synced(self) -> None:
         deadline = time.monotonic() + 20
-        while "master_link_status:up" not in _cli(self.exe, self.replica, "info", "replication"):
+        while "master_link_status:up" not in self.cli(self.replica, "info", "replication"):
             if time.monotonic() > deadline:
                 raise RuntimeError("the replica did not sync")
             time.sleep(0.05)
@@ -244,7 +258,7 @@ class RedisSentinelServers(_Servers):
     def _wait_primary(self, port: int) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            got = _cli(self.exe, self.sentinel, "sentinel", "get-master-addr-by-name", self.SERVICE)
+            got = self.cli(self.sentinel, "sentinel", "get-master-addr-by-name", self.SERVICE)
             if got.split() == ["127.0.0.1", str(port)]:
                 return
             time.sleep(0.05)
@@ -253,7 +267,7 @@ class RedisSentinelServers(_Servers):
     def fail_over(self) -> None:
         """Sentinel promotes the replica (``SENTINEL FAILOVER``); returns once it names it and
         the old primary follows it."""
-        _cli(self.exe, self.sentinel, "sentinel", "failover", self.SERVICE)
+        self.cli(self.sentinel, "sentinel", "failover", self.SERVICE)
         self._wait_primary(self.replica)
         self.primary, self.replica = self.replica, self.primary
         self.commands[self.primary] = self._command(self.primary)
@@ -261,7 +275,7 @@ class RedisSentinelServers(_Servers):
             self.replica, "--replicaof", "127.0.0.1", str(self.primary)
         )
         deadline = time.monotonic() + 30
-        while "role:slave" not in _cli(self.exe, self.replica, "info", "replication"):
+        while "role:slave" not in self.cli(self.replica, "info", "replication"):
             if time.monotonic() > deadline:
                 raise RuntimeError("the old primary did not follow the new one")
             time.sleep(0.05)
@@ -272,7 +286,7 @@ class RedisSentinelServers(_Servers):
         self._wait_synced()
 
     def primaries(self) -> list[str]:
-        return [f"redis://127.0.0.1:{self.primary}/0"]
+        return [f"redis://{self.auth}127.0.0.1:{self.primary}/0"]
 
     def close(self) -> None:
         super().close()

@@ -12,7 +12,12 @@ import pytest
 import streamres
 from streamres._shell.shared.servers import Servers, tagged
 from streamres.upstream import Upstream
-from tests.helpers.redis import RedisClusterServers, RedisServer, connected
+from tests.helpers.redis import (
+    RedisClusterServers,
+    RedisSentinelServers,
+    RedisServer,
+    connected,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -152,3 +157,35 @@ async def test_a_client_left_by_an_exception_gives_its_slots_back(
                     raise RuntimeError("the caller's own")
             assert await redis.zcard(key) == 0
             await stream.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("kind", ["cluster", "sentinel"])
+async def test_a_password_in_the_url_reaches_the_servers(kind: str, tmp_path: Path) -> None:
+    """Managed Redis has a password: given in a cluster or Sentinel URL, it opens the data
+    servers (``--requirepass``; Sentinel told it with ``auth-pass``); the client's slot is
+    counted there, and the password is in no log line."""
+    from structlog.testing import capture_logs
+
+    secret = "s3cret-pw"
+    servers = (RedisClusterServers if kind == "cluster" else RedisSentinelServers)(
+        tmp_path, password=secret
+    )
+    servers.create()
+    try:
+        async with Upstream(token_delay=0.05) as up:
+            route = streamres.Route("m", base_url=up.openai_url, api_key="k", account="acct")
+            with capture_logs() as logs:
+                async with streamres.Client(
+                    [route], shared=servers.url, account_limits={"acct": 2}
+                ) as client:
+                    assert client.shared_status().connected  # type: ignore[union-attr]
+                    assert secret not in client.shared_status().url  # type: ignore[union-attr]
+                    stream = client.stream(Q, model="m")
+                    await anext(stream)
+                    async with connected(servers.url, decode_responses=True) as redis:
+                        assert await redis.zcard("{streamres}:slots:account:acct") == 1
+                    await stream.aclose()
+    finally:
+        servers.close()
+    assert secret not in repr(logs)
