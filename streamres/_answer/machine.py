@@ -633,7 +633,8 @@ class Answer:
         at.sse = SSEDecoder(max_line=opts.read_limits.line, max_event=opts.read_limits.event)
         at.started = now
         self.stall.first = opts.first_token_timeout
-        if self.has_fallback:  # a fallback at hand: this model's own pace decides
+        if self.has_fallback and not (opts.hedged and at.index == opts.chain[0]):
+            # A fallback at hand: this model's own pace decides (unless a hedge covers it).
             samples = self.fleet.ttft_samples(at.index)  # with shared state, the fleet's too
             self.stall.first = first_output_limit(samples, opts.first_token_timeout)
         self.stall.start(now)

@@ -75,6 +75,10 @@ class Options:
     #: Text the caller already has (``continue_from``): the answer starts as though it had
     #: been delivered, and its first request asks for the rest.
     continue_from: str = ""
+    #: A hedge covers the first model's slow first output (``_shell/hedge``): its attempts
+    #: wait the whole ``first_token_timeout``, not the limit learnt from its history (at which
+    #: the hedge starts the fallback alongside instead of leaving it).
+    hedged: bool = False
 
 
 def resolve_route(route: Route) -> Route:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 
-from streamres._answer.options import check_client_routes, check_options
+from streamres._answer.options import Options, check_client_routes, check_options
 from streamres._core.backoff import Backoff
 from streamres._core.bounds import ReadLimits
 from streamres._core.cache import Cache, CacheStats, cache_key
@@ -26,13 +27,14 @@ from streamres._core.errors import InvalidRequest
 from streamres._core.events import Event
 from streamres._core.lanes import NORMAL
 from streamres._core.semantic import split_question
-from streamres._core.stall import FIRST_OUTPUT, HEADERS
+from streamres._core.stall import FIRST_OUTPUT, HEADERS, first_output_limit
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
 from streamres._shell.extras import require
 from streamres._shell.flights import Flights, Question
+from streamres._shell.hedge import hedged
 from streamres._shell.limits import Limits
 from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
@@ -73,7 +75,10 @@ class Client:
     the half-open probe, the retry budget, weights, metrics (:meth:`fleet_metrics`) and the
     answer cache with every process using the same Redis and ``shared_prefix``.
     ``cache=Cache(...)`` turns on single-flight and the answer cache (exact, and with
-    ``Cache(semantic=Semantic())`` questions asked in other words).
+    ``Cache(semantic=Semantic())`` questions asked in other words). ``hedge=True``: when a
+    model is slow to start for its own history, the next model is asked alongside and the
+    first to stream is kept, the other closed at once (``_shell/hedge``: the cost is a second
+    request open for that moment).
     """
 
     def __init__(
@@ -99,7 +104,13 @@ class Client:
         tracing: Any = None,
         capture_content: bool = False,
         metrics: Any = None,
+        hedge: bool = False,
     ) -> None:
+        if not isinstance(hedge, bool):
+            raise InvalidRequest(
+                f"hedge must be True or False, not {hedge!r:.60}", reason="invalid"
+            )
+        self._hedge = hedge
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise InvalidRequest(
                 f"http_client must be an httpx.AsyncClient (or None), not {http_client!r:.60}",
@@ -175,6 +186,7 @@ class Client:
         self._shared_prefix = shared_prefix
         self._shared_state: SharedState | None = None
         self._stack: contextlib.AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> Client:
         if self._http is None:
@@ -188,6 +200,7 @@ class Client:
             self._http = self._pools.clients[0]
         self._stack = contextlib.AsyncExitStack()
         tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._tg = tg  # the answers' own tasks (flights, hedges) end with the client
         self._stack.callback(tg.cancel_scope.cancel)  # flights in progress end with the client
         if self._cache is not None:
             self._flights = Flights(self._cache, tg)
@@ -256,6 +269,7 @@ class Client:
         cache_scope: str | None = None,
         priority: int | str = NORMAL,
         continue_from: str = "",
+        hedge: bool | None = None,
         **more: Any,
     ) -> ResilientStream:
         """Stream one answer. ``model``: a route name (then its fallbacks, unless
@@ -267,8 +281,11 @@ class Client:
         (0, the default), ``"low"`` (-10); a free slot goes to the highest waiting lane, first
         come first served within one, across processes too with ``shared=``.
         ``continue_from``: text of this answer the caller already has (see
-        :class:`~streamres.AnswerLog`): the rest is asked for, never cached or shared. Other
-        arguments as for :func:`stream_resilient`."""
+        :class:`~streamres.AnswerLog`): the rest is asked for, never cached or shared.
+        ``hedge``: this answer's own choice over the client's ``hedge=`` — when the first
+        model is slow to start for its history, start the fallback alongside and keep the
+        first to stream (see ``_shell/hedge``; two requests open for a moment, the loser
+        closed at once). Other arguments as for :func:`stream_resilient`."""
         if self._http is None or self._limits is None:
             raise InvalidRequest(
                 "use the client inside `async with Client(...) as client:`", reason="invalid"
@@ -324,8 +341,16 @@ class Client:
         def events(gen: AsyncIterator[Event]) -> ResilientStream:
             return ResilientStream(gen if trace is None else traced(gen, trace))
 
+        if hedge is not None and not isinstance(hedge, bool):
+            raise InvalidRequest(
+                f"hedge must be True or False, not {hedge!r:.60}", reason="invalid"
+            )
+        hedging = self._hedge if hedge is None else hedge
+        answer = (self._hedged(opts, http, limits) if hedging else None) or (
+            lambda: _run(opts, http, limits)
+        )
         if self._flights is None or opts.continue_from:
-            return events(_run(opts, http, limits))
+            return events(answer())
         routes = [self.fleet.routes[i].key for i in chain]
         params = {**more, "_headers": dict(headers or {}), "_scope": cache_scope}
         key = cache_key(messages, routes, max_tokens, params)
@@ -336,10 +361,37 @@ class Client:
         if keep and split is not None:
             context, text = split
             question = Question(cache_key(context, routes, max_tokens, params), text)
-        run = opts
-        return events(
-            self._flights.stream(key, keep, run.deadline, lambda: _run(run, http, limits), question)
-        )
+        return events(self._flights.stream(key, keep, opts.deadline, answer, question))
+
+    def _hedged(
+        self, opts: Options, http: httpx.AsyncClient | Pools | None, limits: Limits | None
+    ) -> Callable[[], AsyncIterator[Event]] | None:
+        """The answer hedged (``_shell/hedge``), when its first model has a fallback and a
+        first-output limit learnt from its history; else ``None``."""
+        first, rest = opts.chain[0], [i for i in opts.chain if i != opts.chain[0]]
+        after = first_output_limit(self.fleet.ttft_samples(first), opts.first_token_timeout)
+        if not rest or after >= opts.first_token_timeout or self._tg is None or opts.continue_from:
+            return None
+        tg, routes = self._tg, self.fleet.routes
+        own = replace(opts, hedged=True)
+
+        def answer() -> AsyncIterator[Event]:
+            began = anyio.current_time()
+
+            def second() -> AsyncIterator[Event]:
+                left = max(0.001, opts.deadline - (anyio.current_time() - began))
+                return _run(replace(opts, chain=tuple(rest), deadline=left), http, limits)
+
+            return hedged(
+                tg,
+                lambda: _run(own, http, limits),
+                second,
+                after=after,
+                first_model=routes[first].key,
+                second_model=routes[rest[0]].key,
+            )
+
+        return answer
 
     async def cache_ready(self) -> bool:
         """Wait until the semantic cache's model is loaded (it loads in the background when the

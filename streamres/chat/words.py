@@ -26,6 +26,7 @@ REASONS = {
         "rejected": "The request was refused",
         "context_length": "Too long for the model's context window",
         "client_busy": "This computer was too busy to hear the server in time",
+        "hedge": "Slow to start",
     },
     "zh": {
         "capacity": "模型繁忙（容量已满）",
@@ -42,6 +43,7 @@ REASONS = {
         "rejected": "请求被拒绝",
         "context_length": "对话超出了模型的上下文长度",
         "client_busy": "本机太忙，没能及时收到服务器的回应",
+        "hedge": "启动缓慢",
     },
 }
 
@@ -52,6 +54,7 @@ TEXT: dict[str, dict[str, str]] = {
         "resume": "{reason} after {tokens} tokens — resuming…",
         "fallback": "Many people are using {a} right now — switching you to {b}",
         "fallback_because": "{a}: {reason} — switching you to {b}",
+        "hedge": "{a} is slow to start — also asking {b}",
         "interrupted": "[stopped — the partial answer is kept]",
         "interrupted_empty": "[stopped — nothing had arrived yet]",
         "failed": "[failed: {error}]",
@@ -117,6 +120,7 @@ TEXT: dict[str, dict[str, str]] = {
         "resume": "{reason}（已收到 {tokens} 个 token）— 正在续传…",
         "fallback": "{a} 当前使用人数较多 — 正在为你切换到 {b}",
         "fallback_because": "{a}：{reason} — 正在为你切换到 {b}",
+        "hedge": "{a} 启动缓慢 — 同时询问 {b}",
         "interrupted": "[已停止 — 保留已收到的部分回答]",
         "interrupted_empty": "[已停止 — 尚未收到任何内容]",
         "failed": "[失败：{error}]",
@@ -263,4 +267,6 @@ def status_line(ev: Any, lang: str) -> str:
         return words(lang, "resume", reason=why, tokens=ev.tokens_so_far)
     if ev.reason in ("capacity", "rate_limit", "circuit_open"):
         return words(lang, "fallback", a=ev.from_model, b=ev.to_model)
+    if ev.reason == "hedge":  # the first model is still asked: nothing is switched yet
+        return words(lang, "hedge", a=ev.from_model, b=ev.to_model)
     return words(lang, "fallback_because", a=ev.from_model, b=ev.to_model, reason=why)

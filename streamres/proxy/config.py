@@ -7,6 +7,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     stall_timeout = 0         # 0: adaptive (follows each stream's pace)
     first_token_timeout = 60  # seconds for an attempt's first output (a model thinking)
     header_timeout = 10       # seconds for response headers, when there is a model to fall back to
+    hedge = false             # true: a model slow to start for its history races its fallback
     breaker_threshold = 3
     breaker_recovery = 60
     max_answer_chars = 4194304  # one answer's bound; past it, it ends as "length"
@@ -184,6 +185,8 @@ class Config:
     #: another model to go to (``[policy]``; a route's own ``header_timeout`` wins).
     first_token_timeout: float = FIRST_OUTPUT
     header_timeout: float = HEADERS
+    #: A hedged first token (``[policy] hedge``, ``Client(hedge=...)``).
+    hedge: bool = False
     breaker_threshold: int = 3
     breaker_recovery: float = 60.0
     #: Streams at once per account (``Client(account_limits=...)``).
@@ -215,6 +218,7 @@ class Config:
             "stall_timeout": self.stall_timeout,
             "first_token_timeout": self.first_token_timeout,
             "header_timeout": self.header_timeout,
+            "hedge": self.hedge,
             "breaker_threshold": self.breaker_threshold,
             "breaker_recovery": self.breaker_recovery,
         }
@@ -253,6 +257,7 @@ _POLICY_KEYS = (
     "stall_timeout",
     "first_token_timeout",
     "header_timeout",
+    "hedge",
     "breaker_threshold",
     "breaker_recovery",
     "max_answer_chars",
@@ -418,6 +423,9 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         raise ConfigError(
             f"[policy]: max_answer_chars must be an integer >= 1024, not {answer!r}"
         ) from None
+    hedge = policy.get("hedge", False)
+    if not isinstance(hedge, bool):
+        raise ConfigError(f"[policy]: hedge must be true or false, not {hedge!r}")
     return Config(
         routes=routes,
         models=models,
@@ -426,6 +434,7 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         stall_timeout=float(stall) if stall else None,
         first_token_timeout=_positive("first_token_timeout", policy, FIRST_OUTPUT),
         header_timeout=_positive("header_timeout", policy, HEADERS),
+        hedge=hedge,
         breaker_threshold=int(policy.get("breaker_threshold", 3)),
         breaker_recovery=float(policy.get("breaker_recovery", 60.0)),
         accounts=dict(accounts),

@@ -13,6 +13,8 @@ seeded random draw for a sustained storm. Faults are written compactly, comma-se
     error-openrouter@40      OpenRouter's error chunk with finish_reason "error"
     reset@30                 connection dropped after 30 tokens (no terminator, unclean close)
     stall@20                 keep-alives only after 20 tokens, no more content
+    slow@0                   keep-alives only (``stall_seconds``), then the whole answer: a
+                             slow first token (after N tokens: a long pause mid-answer)
     malformed@10             a chunk that is not JSON
     truncate@50              clean end of the body after 50 tokens, no terminal event
     done-no-finish@15        [DONE] / message_stop with no finish reason (llama-cpp-python)
@@ -41,6 +43,7 @@ FaultKind = Literal[
     "error-openrouter",
     "reset",
     "stall",
+    "slow",
     "malformed",
     "truncate",
     "done-no-finish",
@@ -54,6 +57,7 @@ _MIDSTREAM = (
     "error-openrouter",
     "reset",
     "stall",
+    "slow",
     "malformed",
     "truncate",
     "done-no-finish",

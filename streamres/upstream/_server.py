@@ -750,12 +750,23 @@ class Upstream:
                 await stream.send(conn.send(h11.Data(data=bytes(buf))))
                 buf.clear()
 
-        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty", "bomb")
+        # A slow answer pauses and goes on: the rest of it is a normal answer's.
+        slow = fault.kind == "slow"
+        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty", "bomb", "slow")
         emitted = tokens = 0  # deltas (what fault positions count) and tokens
         finish = "tool_calls" if reply.tool_calls else "stop"
         for item in _script(render, reply):
             if item.delta and midstream and emitted >= fault.after:
                 break
+            if item.delta and slow and emitted >= fault.after:
+                slow = False
+                await flush()
+                until = anyio.current_time() + self.stall_seconds
+                while anyio.current_time() < until:
+                    await anyio.sleep(
+                        max(0.0, min(self.ping_interval, until - anyio.current_time()))
+                    )
+                    await stream.send(conn.send(h11.Data(data=render.ping())))
             if max_tokens is not None and tokens + item.tokens > max_tokens:
                 buf += render.block_stop(item.block)
                 finish = "length"

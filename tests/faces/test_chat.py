@@ -190,6 +190,10 @@ def test_a_chinese_fallback_line_says_why_in_chinese() -> None:
         message="", attempt=2, from_model="big", to_model="small", reason="capacity"
     )
     assert "使用人数较多" in status_line(busy, "zh")
+    # A hedge switches nothing yet: the first model is still asked, the other as well.
+    hedge = FallbackEvent(message="", attempt=1, from_model="big", to_model="small", reason="hedge")
+    line = status_line(hedge, "zh")
+    assert "同时询问 small" in line and "切换" not in line
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -398,3 +399,102 @@ async def test_the_proxy_bills_the_answer_not_its_failed_attempts() -> None:
 
         _, count = counter_for("demo-large")
         assert usage.completion_tokens == count(text)
+
+
+async def _fast_history(client: streamres.Client) -> None:
+    """Six quick answers from a: its learnt first-output limit is 8 s from then on."""
+    for _ in range(6):
+        events = [ev async for ev in client.stream(USER, model=["a", "b"])]
+        assert not [e for e in events if e.type == "fallback"]  # never hedged while quick
+        assert events[-1].model == "a"  # type: ignore[union-attr]
+
+
+async def test_a_hedged_first_token_takes_the_fallback_s_and_closes_the_silent_one() -> None:
+    """``hedge=True``: a fast model goes silent after its headers; at its learnt limit (8 s)
+    the fallback starts alongside, announced (``reason="hedge"``); the fallback's answer wins
+    and the silent request is closed at once."""
+    from streamres.upstream import FaultPlan, ModelSpec
+
+    async with (
+        Upstream(models={"a": ModelSpec(faults=FaultPlan())}, stall_seconds=300) as up_a,
+        Upstream() as up_b,
+    ):
+        routes = [
+            streamres.Route("a", base_url=up_a.openai_url, api_key="k"),
+            streamres.Route("b", base_url=up_b.openai_url, api_key="k"),
+        ]
+        async with streamres.Client(routes, backoff=FAST, deadline=90, hedge=True) as client:
+            await _fast_history(client)
+            faults = up_a.models["a"].faults
+            assert faults is not None
+            faults.push("stall@0")
+            started = anyio.current_time()
+            events = [ev async for ev in client.stream(USER, model=["a", "b"])]
+            took = anyio.current_time() - started
+            with anyio.fail_after(5):
+                await up_a.wait_streams_done()  # the silent request was closed
+    (hedge,) = [e for e in events if e.type == "fallback"]
+    assert (hedge.reason, hedge.from_model, hedge.to_model) == ("hedge", "a", "b")  # type: ignore[union-attr]
+    done = events[-1]
+    assert isinstance(done, streamres.DoneEvent) and done.model == "b"
+    assert done.text == up_b.answer(USER)
+    assert 8 <= took < 20  # the learnt limit, then the fallback's own time
+
+
+@pytest.mark.parametrize(
+    ("anyio_backend", "hedge"), [("asyncio", True), ("trio", True), ("asyncio", False)]
+)
+async def test_a_model_slow_this_once_still_wins_a_hedge_it_would_lose_to_a_timeout(
+    hedge: bool,
+) -> None:
+    """A fast model's first token comes at 10 s this once; the fallback would take 20 s. Hedged,
+    the fallback starts at 8 s, the first model's token at 10 s wins, and the fallback's
+    request is closed at once. Without the hedge, the first model is left at 8 s and the
+    answer comes from the fallback at about 28 s."""
+    from streamres.upstream import FaultPlan, ModelSpec
+
+    async with (
+        Upstream(models={"a": ModelSpec(faults=FaultPlan())}, stall_seconds=10) as up_a,
+        Upstream(models={"b": ModelSpec(faults=FaultPlan())}, stall_seconds=20) as up_b,
+    ):
+        routes = [
+            streamres.Route("a", base_url=up_a.openai_url, api_key="k"),
+            streamres.Route("b", base_url=up_b.openai_url, api_key="k"),
+        ]
+        async with streamres.Client(routes, backoff=FAST, deadline=90, hedge=hedge) as client:
+            await _fast_history(client)
+            for up, model in ((up_a, "a"), (up_b, "b")):
+                faults = up.models[model].faults
+                assert faults is not None
+                faults.push("slow@0")  # keep-alives only, then the whole answer
+            started = anyio.current_time()
+            text, _, done = await collect(client.stream(USER, model=["a", "b"]))
+            took = anyio.current_time() - started
+            if hedge:
+                with anyio.fail_after(5):
+                    await up_b.wait_streams_done()  # the losing request was closed
+                assert len(up_b.requests) == 1
+    if hedge:
+        assert done.model == "a" and text == up_a.answer(USER)
+        assert 10 <= took < 18
+    else:
+        assert done.model == "b" and took >= 28
+
+
+def test_the_hedge_is_a_policy_of_routes_toml_and_an_argument() -> None:
+    """``[policy] hedge = true`` reaches the proxy's client; a wrong value or a misspelt key
+    is a clear error; ``Client`` and ``stream`` take only True or False."""
+    from streamres.proxy.config import ConfigError, parse
+
+    raw: dict[str, Any] = {"routes": [{"model": "m", "base_url": "http://127.0.0.1:1/v1"}]}
+    assert parse(raw, {}).client_options()["hedge"] is False
+    raw["policy"] = {"hedge": True}
+    assert parse(raw, {}).client_options()["hedge"] is True
+    raw["policy"] = {"hedge": "yes"}
+    with pytest.raises(ConfigError, match="hedge must be true or false"):
+        parse(raw, {})
+    raw["policy"] = {"hedg": True}
+    with pytest.raises(ConfigError, match="did you mean 'hedge'"):
+        parse(raw, {})
+    with pytest.raises(streamres.InvalidRequest, match="hedge must be True or False"):
+        streamres.Client([streamres.Route("m", base_url="http://x/v1")], hedge=1)  # type: ignore[arg-type]
