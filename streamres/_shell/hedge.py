@@ -19,8 +19,10 @@ answers its slowness — a model slow this once still wins if its first token co
 fallback's.
 
 Cost: while both race, two requests are open, and the one closed may be billed for its input
-and whatever output its server made before the close. A hedge starts only on a model slow for
-its own history (never before ``LEARN_AFTER`` answers of it), and only with ``hedge=True``.
+and whatever output its server made before the close. The winner runs in a task of its own,
+so its events wait in a list until passed on (at most the answer's own bound, ``ReadLimits``).
+A hedge starts only on a model slow for its own history (never before ``LEARN_AFTER`` answers
+of it), and only with ``hedge=True``.
 """
 
 from __future__ import annotations
@@ -170,6 +172,8 @@ async def hedged(
                 if winner.error is not None:
                     raise winner.error
                 raise StreamError("the hedged answer was stopped (the client closed)")
+            del winner.events[:i]  # passed on: held no longer
+            i = 0
             changed = race.changed
             await changed.wait()
     finally:

@@ -340,6 +340,8 @@ class AnswerTrace:
                 if ev.type == "resume":
                     data["strategy"] = ev.strategy
             self.span.add_event(f"streamres.{ev.type}", data, timestamp=now)
+            if ev.type == "fallback" and ev.reason == "hedge":
+                return  # the next model asked alongside: no attempt has ended
             if ev.type == "fallback" and ev.reason == "circuit_open":
                 # No attempt failed: the one about to go moves to the next model.
                 self._model = self._next_model = ev.to_model
