@@ -3,10 +3,11 @@ through one proxy process, against a healthy upstream and through a fault storm.
 
 The embedded upstream runs in its own process (answers of ``--words`` words, ``--token-delay``
 seconds apart: about 2.5 s each); each size of ``--sizes`` starts that many streams at once,
-with the default settings (a ``Client`` as it comes; ``streamres proxy`` with its defaults),
-and counts the answers that are exactly the upstream's. The storm: the upstream refuses 2 % of
-connections and breaks 20 % of the streams mid-way (``--chaos 0.02,0.2,0``, seeded), which
-every answer must survive. Reported per run: exact answers, wall time, CPU seconds (this
+with the default settings (a ``Client`` as it comes; ``streamres proxy`` with its defaults)
+but one deadline for every answer on both paths (``--deadline``, 300 s), and counts the
+answers that are exactly the upstream's. The storm: the upstream refuses 2 % of connections
+and breaks 20 % of the streams mid-way (``--chaos 0.02,0.2,0``, seeded), which every answer
+must survive. Reported per run: exact answers, wall time, CPU seconds (this
 process for a ``Client``; the proxy process for the proxy) and per stream, peak RSS and per
 stream, the breaker's openings and the attempts that failed on the client's side; through a
 ``Client``, the connects that waited for room in the server's connect window (the connect pace)
@@ -55,9 +56,10 @@ def _upstream(words: int, delay: float, chaos: str | None) -> Any:
     return _process(argv, "embedded upstream")
 
 
-def _proxy(upstream: str) -> Any:
+def _proxy(upstream: str, deadline: float) -> Any:
     f = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)  # noqa: SIM115
     with f:
+        f.write(f"[policy]\ndeadline = {deadline}\n")
         f.write(f'[[routes]]\nname = "m"\nmodel = "m"\nbase_url = "{upstream}/v1"\n')
     argv = [sys.executable, "-m", "streamres", "proxy", "--port", "0", "--config", f.name]
     return _process(argv, "streamres proxy on")
@@ -85,7 +87,7 @@ async def _exact(
     return exact, dict(others)
 
 
-async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
+async def _through_client(url: str, n: int, expected: str, deadline: float) -> dict[str, Any]:
     route = streamres.Route("m", base_url=f"{url}/v1", api_key="k")
     cpu0, t0 = time.process_time(), time.perf_counter()
     async with streamres.Client([route]) as client:
@@ -93,7 +95,7 @@ async def _through_client(url: str, n: int, expected: str) -> dict[str, Any]:
         async def answer() -> str:
             text = ""
             try:
-                async for ev in client.stream(Q, deadline=300):
+                async for ev in client.stream(Q, deadline=deadline):
                     if ev.type == "text":
                         text += ev.text
             except streamres.StreamError as exc:
@@ -192,9 +194,9 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 ):
                     if path == "client":
                         with _busy(args.busy):
-                            got = await _through_client(up, n, expected)
+                            got = await _through_client(up, n, expected, args.deadline)
                     else:
-                        with _proxy(up) as (proxy, pid), _busy(args.busy):
+                        with _proxy(up, args.deadline) as (proxy, pid), _busy(args.busy):
                             got = await _through_proxy(proxy, pid, n, expected)
                 row = {"path": path, "faults": faults, "busy": args.busy, "streams": n, **got}
                 row["cpu_ms_per_stream"] = got["cpu_s"] * 1000 / n
@@ -211,6 +213,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--faults", nargs="+", default=["none", "storm"], choices=["none", "storm"])
     p.add_argument("--words", type=int, default=25)
     p.add_argument("--token-delay", type=float, default=0.1)
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=300.0,
+        help="each answer's deadline, the same on both paths (default 300 s)",
+    )
     p.add_argument(
         "--busy", type=int, default=0, help="processes burning CPU during each run (default 0)"
     )
