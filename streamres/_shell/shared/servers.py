@@ -2,7 +2,7 @@
 watches — read from the URL, and the coredis client for it. I/O shell.
 
 The URL forms (``redis://`` and ``rediss://`` as every Redis client reads them; the cluster and
-Sentinel forms as Celery, Kombu and redis-py's users write them)::
+Sentinel forms streamres's own, as the URL carries no standard for them)::
 
     redis://[user:password@]host[:6379][/db]         one server (or Valkey)
     rediss://…                                        the same over TLS
