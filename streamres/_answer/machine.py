@@ -620,6 +620,7 @@ class Answer:
                     how=how,
                     thinking=d.signed_thinking,
                     wording=self.seam_tries,
+                    hold=self.seam_tries == 0,
                 )
                 messages, extra, dedup = cont.messages, cont.extra_body, cont.dedup
             if budget is not None and budget <= 0:
@@ -686,6 +687,9 @@ class Answer:
             text = pieces[0] if len(pieces) == 1 else "".join(pieces)
             if dedup is not None and not dedup.resolved:
                 text = dedup.feed(text, now=now)
+                if dedup.missed:
+                    at.lingering = False
+                    return self._over(self._missed(), now)
             if text:
                 self._deliver(text)
         if at.calls:
@@ -754,6 +758,8 @@ class Answer:
             text = dedup.finish(now=now)
             if text:
                 self._deliver(text)
+            if dedup.missed:
+                fail = at.fail = self._missed()
         if self.chars - at.chars_before and not self.d.signed_thinking:
             # The signed blocks that led to the first text shown: sent back on resume.
             self.d.signed_thinking = list(decoder.signed_thinking)
@@ -1027,6 +1033,15 @@ class Answer:
             model=self.model,
             status_code=last.status_code if last else None,
             reason=last.kind if last else None,
+        )
+
+    def _missed(self) -> Failure:
+        """The instruct continuation wrote none of what its request held back: nothing of it
+        is joined; it is asked again at once with the whole answer so far, in the other
+        wording (the model is well: the failure is never charged to it)."""
+        self.seam_tries += 1
+        return failure(
+            "ended_at_seam", "the continuation did not pick the answer up where it stopped"
         )
 
     def _ended_at_seam(self, at: AttemptState, added: int) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 from streamres._answer.memory import Memory
 from streamres._answer.options import Options
 from streamres._core.continuation import Strategy, build_continuation, choose
-from streamres._core.dedup import Deduplicator
+from streamres._core.dedup import Deduplicator, hold_back
 from streamres._core.tokens import token_starts
 from streamres._fleet.routes import Route
 from streamres._providers import anthropic as _anthropic
@@ -96,24 +96,29 @@ def continuation(
     how: Strategy,
     thinking: list[dict[str, Any]],
     wording: int,
+    hold: bool = True,
 ) -> Continuation:
     """The continuation of ``delivered`` on ``route`` (for ``instruct``, the route's token
-    encoding is loaded: the delivered text's token seams are where a model may restart)."""
+    encoding is loaded: the delivered text's token seams are where a model may restart).
+    ``hold``: an instruct request may leave the last token out where a repeat of it would
+    otherwise be unprovable (:func:`~streamres._core.dedup.hold_back`)."""
+    # Token seams of the delivered text's end: where a model may restart (CJK).
+    starts = token_starts(route.model, delivered) if how == "instruct" else []
+    withheld = hold_back(delivered, starts) if hold and how == "instruct" else 0
     cont = build_continuation(
         opts.messages,
-        delivered,
+        delivered[: len(delivered) - withheld],
         strategy=how,
         provider=route.provider,
         thinking=thinking,
         wording=wording,
     )
-    # Token seams of the delivered text's end: where a model may restart (CJK).
-    starts = token_starts(route.model, delivered) if how == "instruct" else []
     dedup = Deduplicator(
         delivered,
         mode="instruct" if how == "instruct" else "prefill",
         stripped=cont.stripped,
         token_starts=starts,
+        withheld=withheld,
     )
     return Continuation(cont.messages, {**opts.extra_body, **cont.extra_body}, dedup)
 

@@ -226,7 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--instruct",
-        choices=["overlap", "exact", "restart", "preamble", "shorter", "quoted"],
+        choices=["overlap", "exact", "restart", "preamble", "shorter", "quoted", "stutter"],
         default="overlap",
         help="how an instruct continuation is answered",
     )

@@ -64,17 +64,29 @@ a cut at the very end — shown twice; such a head waits only for the model's ne
 *prefill* mode only two alignments are
 possible (exact continuation after the stripped whitespace, or a full restart), so an exact
 continuation is released at its first character.
+
+**Held back, so a repeat is proven.** In a script written without spaces (Chinese, Japanese,
+Thai…), a model that repeats only the last token of ``D`` ("…一条直线摆动" → "动，角度…") writes the
+same bytes as a real doubled character at the cut (谢谢, 看看, 慢慢), so rule 1 cannot drop it.
+There the instruct request leaves ``D``'s last token out (:func:`hold_back`: a few characters,
+not a seam): the model never saw them, so its continuation must write them again, and a head
+that begins with ``D[k:]`` for any ``k`` at or before the held-back characters is a repeat by
+construction (``withheld``). A head that writes none of them — the model went another way
+after the shorter text — is not joined at all: ``missed`` is set and nothing is emitted, and
+the machine asks again with the whole of ``D`` (today's request), so the worst case costs one
+round trip and shows nothing wrong.
 """
 
 from __future__ import annotations
 
 import bisect
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["DedupStats", "Deduplicator", "ends_a_sentence"]
+__all__ = ["DedupStats", "Deduplicator", "ends_a_sentence", "hold_back"]
 
 # Openers that may stand before a continuation phrase ("Sure, continuing: …").
 _OPENER = (
@@ -183,6 +195,50 @@ def seam(d: str, k: int) -> str:
     return ""
 
 
+#: The longest last token an instruct request leaves out (characters).
+HOLD_BACK_MAX = 4
+
+
+def _unspaced(c: str) -> bool:
+    """Is ``c`` a letter of a script written without spaces between words (Han, kana, Thai,
+    Lao, Myanmar, Khmer)? Hangul is written with spaces."""
+    o = ord(c)
+    return (
+        0x3040 <= o <= 0x30FF  # hiragana, katakana
+        or 0x3400 <= o <= 0x4DBF  # CJK extension A
+        or 0x4E00 <= o <= 0x9FFF  # CJK unified ideographs
+        or 0xF900 <= o <= 0xFAFF  # CJK compatibility ideographs
+        or 0x0E00 <= o <= 0x0EFF  # Thai, Lao
+        or 0x1000 <= o <= 0x109F  # Myanmar
+        or 0x1780 <= o <= 0x17FF  # Khmer
+    ) and not unicodedata.category(c).startswith(("P", "S", "Z", "N"))
+
+
+def hold_back(delivered: str, token_starts: Iterable[int]) -> int:
+    """How many trailing characters of ``delivered`` an instruct continuation leaves out of its
+    request, so that the model's repeat of them is proven (the module docstring): its last
+    token, when that is a few letters of a script without spaces and not at a seam (a repeat
+    from a seam is accepted without it). 0 otherwise — spaced scripts are left as they are.
+
+    >>> hold_back("沿着一条直线摆动", [0, 2, 4, 6, 7]), hold_back("the quick brown", [0, 3, 9])
+    (1, 0)
+    """
+    # A token that begins with a combining mark (a Thai vowel or tone mark) is held with the
+    # letter it sits on: a model is never shown a letter without its marks.
+    starts = [
+        k
+        for k in token_starts
+        if 0 < k < len(delivered) and not unicodedata.category(delivered[k]).startswith("M")
+    ]
+    if not starts:
+        return 0
+    k = max(starts)
+    tail = delivered[k:]
+    if len(tail) > HOLD_BACK_MAX or not all(map(_unspaced, tail)) or seam(delivered, k):
+        return 0
+    return len(tail)
+
+
 def _seam_before(h: str, j: int) -> int:
     """The last word start at or before ``j`` in ``h`` (its whitespace kept with what
     follows), so that a cut at ``j`` never splits a word."""
@@ -225,11 +281,17 @@ class Deduplicator:
         commit_chars: int = 64,
         max_hold_seconds: float = 2.0,
         token_starts: Iterable[int] = (),
+        withheld: int = 0,
     ) -> None:
         """``stripped``: how many trailing characters of ``delivered`` the prefill left out
         (Anthropic rejects a prefill ending in whitespace). ``token_starts``: offsets in
-        ``delivered`` where its tokens begin (the ledger's encoding; the tail is enough)."""
+        ``delivered`` where its tokens begin (the ledger's encoding; the tail is enough).
+        ``withheld``: how many trailing characters of ``delivered`` the instruct request left
+        out (:func:`hold_back`), which the model must write again."""
         self._d = delivered
+        self._withheld = withheld if mode == "instruct" else 0
+        #: The head wrote none of the withheld characters: nothing was joined (ask again).
+        self.missed = False
         self._tokens = sorted(set(token_starts))
         self.mode = mode
         self._stripped = stripped
@@ -247,7 +309,7 @@ class Deduplicator:
     @property
     def release_at(self) -> float | None:
         """When a held ambiguous head will be released even without new text."""
-        if self.resolved or self._since is None or len(self._held) >= self._commit:
+        if self.resolved or self.missed or self._since is None or len(self._held) >= self._commit:
             return None
         if not self._preamble_done or self._repeating_the_end():
             return None  # a possible preamble (48 characters at most), or the end repeated
@@ -257,6 +319,8 @@ class Deduplicator:
         """Next piece of the resumed stream -> text to pass on (possibly empty)."""
         if self.resolved:
             return text
+        if self.missed:
+            return ""  # nothing of this stream is joined; the machine ends it
         if self._since is None:
             self._since = now
         if not self._preamble_done:
@@ -285,7 +349,7 @@ class Deduplicator:
 
     def finish(self, *, now: float) -> str:
         """The resumed stream ended normally: decide with what is held."""
-        if self.resolved:
+        if self.resolved or self.missed:
             return ""
         return self._force(now)
 
@@ -413,6 +477,8 @@ class Deduplicator:
             # Whitespace alone is no evidence of a repeat here (a cut inside an indentation
             # continues with the rest of it); prefill's stripped whitespace is handled apart.
             return False
+        if self._withheld and k <= len(d) - self._withheld:
+            return True  # it covers what the request left out: a repeat by construction
         if len(d) - k >= self._min_overlap or seam(d, k):
             return True
         i = bisect.bisect_left(self._tokens, k)
@@ -435,6 +501,11 @@ class Deduplicator:
                 self.stats.diverged = True
                 self.stats.dropped += h[:j]
                 out = h[j:]
+            elif self._withheld:
+                # The model never wrote what the request left out: it went on from the
+                # shorter text another way, and joined to ``D`` that would read wrong.
+                self.missed = True
+                return ""
             else:
                 out = self._spaced(h)
         self._held = ""

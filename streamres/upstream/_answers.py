@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 PrefillBehaviour = Literal["continue", "restart", "reject"]
-InstructBehaviour = Literal["overlap", "exact", "restart", "preamble", "shorter", "quoted"]
+InstructBehaviour = Literal[
+    "overlap", "exact", "restart", "preamble", "shorter", "quoted", "stutter"
+]
 
 #: What the fake model recognises as "continue where you stopped" (a real model understands
 #: any phrasing; this one looks for the words of streamres' own instruction).
@@ -541,6 +543,16 @@ def _plan_text(
             return Reply(full, full[cut:], "instruct")
         if instruct == "restart":
             return Reply(full, full, "instruct")
+        if instruct == "stutter":
+            # The last token of what it was shown once more (a new turn does not open with
+            # a bare space: the one before it, then), then on — in a script without spaces
+            # the same bytes as a real doubled character ("…摆动" + "动，…").
+            start, at = 0, 0
+            for piece, _ in split_tokens(full[:cut]):
+                if piece.strip():
+                    start = at
+                at += len(piece)
+            return Reply(full, full[start:], "instruct")
         draw = random.Random(hashlib.sha256(partial.encode()).digest())
         start = restart_point(full, cut, draw, overlap_words)
         head = draw.choice(PREAMBLES[language_of(messages[:-2])]) if instruct == "preamble" else ""

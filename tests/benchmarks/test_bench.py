@@ -109,6 +109,7 @@ def test_dedup_benchmark_is_exact_where_it_must_be() -> None:
         assert r["wrongly_dropped_chars"] == 0, r
         assert r["exact_sentence_pct"] == 100.0, r
         assert r["exact_boundary_2tok_pct"] == 100.0, r
+        assert r["asked_again_whole"] == 0, r  # every head wrote what was held back
 
 
 def test_the_resume_bench_reads_every_answer_on_exactly(tmp_path: pathlib.Path) -> None:

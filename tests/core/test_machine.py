@@ -291,6 +291,31 @@ def test_a_drop_mid_answer_resumes_from_the_delivered_text() -> None:
     assert run.of(DoneEvent)[0].resumes == 1
 
 
+def test_a_continuation_that_writes_none_of_the_held_back_token_is_asked_again_whole() -> None:
+    """Chinese cut after "摆动": the instruct request leaves "动" out (its repeat is then
+    provable); the model goes another way from "摆" — nothing of that is shown, and at once
+    the whole partial is asked again (in the quoting wording), not charged to the model."""
+
+    def chunks(*texts: str) -> list[tuple[float, bytes | None]]:
+        return [(0.01 * i, text_chunk(t)) for i, t in enumerate(texts, 1)]
+
+    first = Plan(reads=[*chunks("沿着", "一条", "直线", "摆", "动"), (0.06, b"DROP")])
+    other_way = Plan(reads=[*chunks("放在桌上，", "然后离开。"), (0.03, FINISH), (0.03, None)])
+    rest = Plan(reads=[*chunks("，角度", "表示太阳。"), (0.03, FINISH), (0.03, None)])
+    m = answer(continuation="instruct")
+    run = drive(m, [first, other_way, rest])
+    assert run.text == "沿着一条直线摆动，角度表示太阳。"
+    sent = [r.request.body["messages"] for r in run.requests[1:]]
+    assert sent[0][-2] == {"role": "assistant", "content": "沿着一条直线摆"}
+    assert sent[1][-2] == {"role": "assistant", "content": "沿着一条直线摆动"}
+    assert "It ended with: «沿着一条直线摆动»" in sent[1][-1]["content"]
+    (done,) = run.of(DoneEvent)
+    outcomes = [(a.outcome, a.chars) for a in done.history]
+    assert outcomes == [("connection", 8), ("ended_at_seam", 0), ("ok", 8)]
+    assert done.complete and m.fleet.states[0].breaker.state == "closed"
+    assert run.t < 1.0  # asked again at once: no backoff
+
+
 def test_capacity_before_any_text_is_retried_with_backoff() -> None:
     """Two 529s, then an answer: two retry events with growing delays, the clock moved by them."""
     run = drive(answer(), [Plan("capacity"), Plan("capacity")])

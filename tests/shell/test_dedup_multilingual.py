@@ -9,7 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import streamres
-from streamres._core.dedup import Deduplicator, seam
+from streamres._core.dedup import Deduplicator, hold_back, seam
 from streamres._core.tokens import token_starts
 from streamres.upstream import Upstream
 from tests.helpers.streams import FAST, collect
@@ -228,3 +228,99 @@ def test_a_cut_at_the_very_end_resumed_slowly_adds_nothing(
         out += dd.poll(now=now + 2.5)
         i, now = i + size, now + 3.0
     assert out + dd.finish(now=now) == ""
+
+
+# -- the last token held back, so that a one-token repeat is proven ---------------------------
+
+
+def test_the_last_token_is_held_back_only_where_its_repeat_is_unprovable() -> None:
+    """A few letters of a script without spaces, not at a seam: held back. A spaced script, a
+    seam (a repeat from there is accepted anyway), or a long last token: sent whole."""
+    zh = "蜜蜂沿着一条直线摆动"
+    assert hold_back(zh, token_starts("m", zh)) == 1
+    assert hold_back("ミツバチのダンス", token_starts("m", "ミツバチのダンス")) >= 1
+    assert hold_back("the quick brown", token_starts("m", "the quick brown")) == 0
+    assert hold_back("一，二", [0, 1, 2]) == 0  # the last token starts a clause
+    assert hold_back("TCP窗口", [0, 3]) == 2  # a last token of two characters
+    assert hold_back("数据窗口翻倍了", [0, 2]) == 0  # 5 characters: too long to hold back
+    assert hold_back("数据", []) == 0  # no encoding: nothing known of the tokens
+
+
+@pytest.mark.parametrize(
+    ("delivered", "head", "new"),
+    [
+        # The model repeated the last token (the bytes that used to stay doubled: "摆动动").
+        ("沿着一条直线摆动", ["动，角度", "表示太阳。"], "，角度表示太阳。"),
+        # It went on exactly from what it was shown: the held-back token, then the rest.
+        ("沿着一条直线摆动", ["摆动，角度", "表示太阳。"], "，角度表示太阳。"),
+        # A real doubled character at the cut: 他说谢谢 + 你 — shown once, never dropped.
+        ("他说谢谢", ["谢你。"], "你。"),
+        ("他说谢谢", ["谢谢你。"], "你。"),
+    ],
+)
+def test_a_repeat_of_what_the_request_left_out_is_removed(
+    delivered: str, head: list[str], new: str
+) -> None:
+    """The request left the last character out: a head that writes it again is a repeat by
+    construction, whether it backs up one more character or not — and a real doubled
+    character is kept, since the model never saw the second one."""
+    dd = Deduplicator(
+        delivered, mode="instruct", token_starts=token_starts("m", delivered), withheld=1
+    )
+    out = "".join(dd.feed(piece, now=i * 0.1) for i, piece in enumerate(head))
+    assert out + dd.finish(now=1.0) == new
+    assert not dd.missed
+
+
+def test_a_repeat_of_the_last_token_stays_doubled_without_the_hold_back() -> None:
+    """What the hold-back is for: shown the whole text, a one-character repeat and a real
+    doubled character are the same bytes, and the repeat is kept (real text is never dropped)."""
+    d = "沿着一条直线摆动"
+    dd = Deduplicator(d, mode="instruct", token_starts=token_starts("m", d))
+    assert dd.feed("动，角度表示太阳。", now=0.0) + dd.finish(now=1.0) == "动，角度表示太阳。"
+
+
+def test_a_head_that_writes_none_of_what_was_left_out_is_not_joined() -> None:
+    """Shown "…摆", the model went another way: joined to "…摆动" it would read wrong, so
+    nothing of it is passed on and ``missed`` tells the machine to ask again."""
+    d = "沿着一条直线摆动"
+    dd = Deduplicator(d, mode="instruct", token_starts=token_starts("m", d), withheld=1)
+    out = dd.feed("放在桌上，", now=0.0) + dd.feed("然后离开。", now=0.1)
+    assert out + dd.finish(now=1.0) == "" and dd.missed
+    assert dd.release_at is None and dd.abandon() == "放在桌上，"
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "解释蜜蜂的舞蹈和TCP慢启动。",
+        "ミツバチのダンスを説明してください。",
+        "อธิบายการเต้นรำของผึ้ง",
+    ],
+)
+async def test_a_model_that_repeats_the_last_token_joins_exactly(question: str) -> None:
+    """The embedded upstream's ``stutter``: asked to continue, it writes the last token it was
+    shown once more, then goes on — in Chinese, Japanese and Thai; cut three times, the answer
+    is exact (without the hold-back, each cut left a character doubled)."""
+    messages = [{"role": "user", "content": question}]
+    async with Upstream(faults="reset@11,error@29,reset@47", instruct="stutter") as up:
+        text, _, done = await collect(
+            streamres.stream_resilient(
+                messages,
+                model="m",
+                base_url=up.openai_url,
+                api_key="k",
+                continuation="instruct",
+                backoff=FAST,
+            )
+        )
+        answer = up.answer(messages)
+    assert text == answer
+    assert done.resumes == 3 and done.deduplicated_chars >= 3
+
+
+def test_a_thai_mark_is_never_held_back_without_its_letter() -> None:
+    """A token that begins with a combining mark goes with the letter before it."""
+    text = "ผึ้ง"  # ผ, ึ (a vowel mark), ้ (a tone mark), ง
+    assert hold_back(text, [0, 1, 2, 3]) == 1  # ง alone
+    assert hold_back(text[:3], [0, 1, 2]) == 0  # only marks after ผ: nothing to hold
