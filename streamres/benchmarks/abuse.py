@@ -1,11 +1,12 @@
 """``streamres bench abuse``: the proxy as a public server, against what a careless or hostile
 world sends it.
 
-The proxy runs in its own process (``streamres proxy``, default ``[server]`` limits and
-``[policy]``) in front of an upstream that never stops streaming (1 KB events as fast as the
-socket takes them, no end); clients here. The upstream runs at a lower priority (``nice 10``),
-as if it were another machine. Measured, phase by phase, against the same proxy idle
-in the same run: the proxy's peak RSS, and ``/health``'s latency sampled every 50 ms:
+The proxy runs in its own process (``streamres proxy``, default ``[server]`` limits — but a
+10 s ``header_timeout``, a sixth of its default, so that a phase sees it — and ``[policy]``) in
+front of an upstream that never stops streaming (1 KB events as fast as the socket takes them,
+no end); clients here. The upstream runs at a lower priority (``nice 10``), as if it were
+another machine. Measured, phase by phase, against the same proxy idle in the same run: the
+proxy's peak RSS, and ``/health``'s latency sampled every 50 ms:
 
 - **endless**: answers that never end, streamed, not streamed, and with ``max_tokens: 100``,
   asked again as each one ends — each must end at its bound (``finish_reason: length``);
@@ -32,6 +33,7 @@ import anyio
 import anyio.abc
 import httpx
 
+from streamres.benchmarks.common import summary
 from streamres.benchmarks.proxy import _peak_rss_mib, _process
 from streamres.benchmarks.table import table
 
@@ -211,7 +213,9 @@ async def _stopped_readers(url: str, count: int, wait: float, row: dict[str, Any
 
 async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    # The head bound a sixth of its default (60 s), so that the idle phase sees it.
     server = "[server]\nwrite_timeout = 2\nheader_timeout = 2\n" if args.quick else ""
+    server = server or "[server]\nheader_timeout = 10\n"
     write_timeout = 2.0 if args.quick else 30.0
     with _servers(server) as (url, pid):
         idle: dict[str, Any] = {"phase": "idle (baseline)"}
@@ -246,8 +250,7 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-
-    p = argparse.ArgumentParser(prog="streamres bench abuse", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="streamres bench abuse", description=summary(__doc__))
     p.add_argument("--seconds", type=float, default=20, help="each phase's length")
     p.add_argument("--connections", type=int, default=1000, help="idle and slowloris connections")
     p.add_argument("--stopped", type=int, default=20, help="clients that read nothing")

@@ -31,6 +31,7 @@ import httpx
 import structlog
 
 import streamres
+from streamres.benchmarks.common import summary
 from streamres.benchmarks.table import table
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 
@@ -223,8 +224,7 @@ async def run(quick: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-
-    p = argparse.ArgumentParser(prog="streamres bench batch", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="streamres bench batch", description=summary(__doc__))
     p.add_argument("--quick", action="store_true", help="a 200-request storm, a shorter batch")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)

@@ -98,3 +98,10 @@ def peak_rss_kib() -> float:
     except OSError:
         pass
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def summary(doc: str | None) -> str:
+    """A command's ``--help`` description: its module docstring's first paragraph, on one line
+    and without reStructuredText's literal quotes (its first line alone may stop mid-sentence)."""
+    first = (doc or "").strip().split("\n\n")[0]
+    return " ".join(first.split()).replace("``", "")

@@ -38,6 +38,7 @@ import httpx
 
 import streamres
 from streamres._core.continuation import instruction
+from streamres.benchmarks.common import summary
 from streamres.upstream.real import (
     MODEL,
     cutting_proxy,
@@ -285,9 +286,7 @@ def summarise(cases: Sequence[Case]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="streamres bench continuation", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="streamres bench continuation", description=summary(__doc__))
     p.add_argument("--llama-server", default=os.environ.get("STREAMRES_LLAMA_SERVER"))
     p.add_argument("--gguf", default=os.environ.get("STREAMRES_SMOLLM2_GGUF"))
     p.add_argument("--prompts", type=int, default=30, help="how many of the prompts to use")

@@ -38,6 +38,7 @@ import httpx
 
 import streamres
 from streamres._shell.stream import POOLS
+from streamres.benchmarks.common import summary
 from streamres.benchmarks.proxy import _cpu_seconds, _peak_rss_mib, _process
 from streamres.benchmarks.table import table
 from streamres.upstream import answer_for
@@ -162,7 +163,7 @@ async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str,
                             choices = event.get("choices") or [{}]
                             text += (choices[0].get("delta") or {}).get("content") or ""
             except httpx.HTTPError as exc:
-                return f"!{type(exc).__name__}"
+                return f"!{type(exc).__name__}: {exc or exc.__cause__!r}"[:120]
             return text
 
         exact, others = await _exact(n, answer, expected)
@@ -206,8 +207,7 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-
-    p = argparse.ArgumentParser(prog="streamres bench load", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="streamres bench load", description=summary(__doc__))
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 5000])
     p.add_argument("--paths", nargs="+", default=["client", "proxy"], choices=["client", "proxy"])
     p.add_argument("--faults", nargs="+", default=["none", "storm"], choices=["none", "storm"])

@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 import httpx
 
+from streamres.benchmarks.common import summary
 from streamres.benchmarks.table import table
 from streamres.upstream import answer_for
 
@@ -437,7 +438,7 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="streamres bench proxy", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="streamres bench proxy", description=summary(__doc__))
     p.add_argument("--quick", action="store_true", help="small sizes, one run (a smoke test)")
     p.add_argument("--streams", type=int, default=1000, help="concurrent streams in the fan-out")
     p.add_argument(

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import httpx
 
-from streamres.benchmarks.common import redis_server
+from streamres.benchmarks.common import redis_server, summary
 from streamres.benchmarks.table import table
 
 __all__ = ["main", "resume"]
@@ -132,7 +132,7 @@ async def resume(answers: int = 200) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="streamres bench resume", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="streamres bench resume", description=summary(__doc__))
     p.add_argument("--answers", type=int, default=200, help="answers per setup")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args(argv)

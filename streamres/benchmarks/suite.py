@@ -21,7 +21,7 @@ import structlog
 
 from streamres.benchmarks import dedup as _dedup_bench
 from streamres.benchmarks.cache import cache_replay
-from streamres.benchmarks.common import server
+from streamres.benchmarks.common import server, summary
 from streamres.benchmarks.hostile import hostile, probe
 from streamres.benchmarks.ledger import ledger
 from streamres.benchmarks.recovery import recovery
@@ -119,7 +119,7 @@ def _print_semantic(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="streamres bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="streamres bench", description=summary(__doc__))
     p.add_argument("--quick", action="store_true", help="small sizes, one run (a smoke test)")
     p.add_argument("--runs", type=int, default=5, help="runs per throughput figure (median)")
     p.add_argument("--soak", type=int, default=200, help="concurrent streams in the chaos soak")

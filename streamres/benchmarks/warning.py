@@ -20,6 +20,7 @@ from typing import Any
 
 import streamres
 from streamres._fleet.fleet import Fleet
+from streamres.benchmarks.common import summary
 from streamres.benchmarks.table import table
 
 __all__ = ["main", "simulate"]
@@ -86,8 +87,7 @@ def simulate(steering: bool, seed: int = 0, seconds: int = 600, rate: int = 4) -
 
 
 def main(argv: list[str]) -> int:
-
-    p = argparse.ArgumentParser(prog="streamres bench warning", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="streamres bench warning", description=summary(__doc__))
     p.add_argument("--seeds", type=int, default=5, help="runs per setting (seeds 0…N-1)")
     args = p.parse_args(argv)
     rows = []

@@ -43,7 +43,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     [server]                  # limits as a server (the defaults; see the README)
     connections = 8192        # at once; past it, 503
     idle_timeout = 5          # seconds a kept-alive connection may idle
-    header_timeout = 10       # seconds for a request's line and headers
+    header_timeout = 60       # seconds for a request's line and headers
     header_bytes = 32768      # and their size, and count
     headers = 100
     body_bytes = 8388608      # a request body's size, and seconds for all of it
@@ -116,8 +116,10 @@ class ServerLimits:
     connections: int = 8192
     #: Seconds a kept-alive connection may sit idle between requests.
     idle_timeout: float = 5.0
-    #: Seconds for a request's line and headers to arrive.
-    header_timeout: float = 10.0
+    #: Seconds for a request's line and headers to arrive (nginx's ``client_header_timeout``
+    #: and Node's ``headersTimeout`` default: a client bursting thousands of requests from one
+    #: busy process may take seconds to send a head after connecting).
+    header_timeout: float = 60.0
     #: Bytes of a request's line and headers, and how many headers.
     header_bytes: int = 32 * 1024
     headers: int = 100

@@ -107,6 +107,40 @@ async def test_idle_connections_are_closed_at_the_header_timeout() -> None:
     assert results == [b""] * 50  # closed by the server, nothing said
 
 
+async def test_a_client_slow_to_send_its_first_request_is_still_answered() -> None:
+    """A client bursting thousands of requests from one busy process can take over 10 s to
+    send a head after connecting (measured: 892 of 5,000 through the proxy on two busy cores,
+    cut off by the 10 s bound the proxy had). With the default bound, one that waits 11 s is
+    answered."""
+    async with Upstream(words=5) as up, running(config(up.openai_url), port=0) as run:
+        host, port = run.url.removeprefix("http://").split(":")
+        body = json.dumps({"model": "m", "messages": Q}).encode()
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        )
+        got = b""
+        async with await anyio.connect_tcp(host, int(port)) as conn:
+            await anyio.sleep(11)  # the client's own delay: the fault under test
+            await conn.send(head + body)
+            with anyio.fail_after(30):
+                try:
+                    while True:
+                        got += await conn.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    pass
+        answer = up.answer(Q)
+    assert got.startswith(b"HTTP/1.1 200 ")
+    head_part, rest = got.split(b"\r\n\r\n", 1)
+    if b"transfer-encoding: chunked" in head_part.lower():
+        whole = b""
+        while rest:
+            size, rest = rest.split(b"\r\n", 1)
+            whole, rest = whole + rest[: int(size, 16)], rest[int(size, 16) + 2 :]
+        rest = whole
+    assert json.loads(rest)["choices"][0]["message"]["content"] == answer
+
+
 async def test_a_slow_request_head_gets_408() -> None:
     """Slowloris: a header line every 0.1 s never completes the head; 408 at the timeout."""
     async with proxy_over_endless(server={"header_timeout": 1}) as (url, _):
