@@ -620,7 +620,8 @@ class Answer:
                     how=how,
                     thinking=d.signed_thinking,
                     wording=self.seam_tries,
-                    hold=self.seam_tries == 0,
+                    hold=self.seam_tries == 0
+                    and (route.base_url, route.model) not in self.memory.no_hold,
                 )
                 messages, extra, dedup = cont.messages, cont.extra_body, cont.dedup
             if budget is not None and budget <= 0:
@@ -689,7 +690,7 @@ class Answer:
                 text = dedup.feed(text, now=now)
                 if dedup.missed:
                     at.lingering = False
-                    return self._over(self._missed(), now)
+                    return self._over(self._missed(at), now)
             if text:
                 self._deliver(text)
         if at.calls:
@@ -759,7 +760,7 @@ class Answer:
             if text:
                 self._deliver(text)
             if dedup.missed:
-                fail = at.fail = self._missed()
+                fail = at.fail = self._missed(at)
         if self.chars - at.chars_before and not self.d.signed_thinking:
             # The signed blocks that led to the first text shown: sent back on resume.
             self.d.signed_thinking = list(decoder.signed_thinking)
@@ -1035,10 +1036,14 @@ class Answer:
             reason=last.kind if last else None,
         )
 
-    def _missed(self) -> Failure:
+    def _missed(self, at: AttemptState) -> Failure:
         """The instruct continuation wrote none of what its request held back: nothing of it
         is joined; it is asked again at once with the whole answer so far, in the other
-        wording (the model is well: the failure is never charged to it)."""
+        wording (the model is well: the failure is never charged to it). The model is
+        remembered: it does not continue what it is shown, so its requests are sent whole
+        from now on (one extra request per model and process, at most)."""
+        assert at.route.base_url is not None
+        self.memory.no_hold.add((at.route.base_url, at.route.model))
         self.seam_tries += 1
         return failure(
             "ended_at_seam", "the continuation did not pick the answer up where it stopped"

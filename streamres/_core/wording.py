@@ -27,7 +27,7 @@ _REASONS = {
     "context_length": "Too long for the model's context window",
     "deadline": "Out of time",
     "replay_unavailable": "Could not re-attach to the answer",
-    "ended_at_seam": "The model stopped without continuing",
+    "ended_at_seam": "The model did not continue the answer",
     "client_busy": "This computer was too busy to hear the server in time",
 }
 

@@ -20,7 +20,7 @@ REASONS = {
         "truncated": "The answer was cut short",
         "malformed": "Garbled data from the server",
         "prefill_rejected": "Model refused the partial answer",
-        "ended_at_seam": "The model stopped without continuing",
+        "ended_at_seam": "The model did not continue the answer",
         "circuit_open": "All models are busy",
         "deadline": "Out of time",
         "rejected": "The request was refused",

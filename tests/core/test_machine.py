@@ -314,6 +314,12 @@ def test_a_continuation_that_writes_none_of_the_held_back_token_is_asked_again_w
     assert outcomes == [("connection", 8), ("ended_at_seam", 0), ("ok", 8)]
     assert done.complete and m.fleet.states[0].breaker.state == "closed"
     assert run.t < 1.0  # asked again at once: no backoff
+    # The model does not continue what it is shown: the next answer's resume is sent whole.
+    again = Answer(m.opts, now=0.0, memory=m.memory)
+    first = Plan(reads=[*chunks("沿着", "一条", "直线", "摆", "动"), (0.06, b"DROP")])
+    run = drive(again, [first, rest])
+    assert run.text == "沿着一条直线摆动，角度表示太阳。" and len(run.requests) == 2
+    assert run.requests[1].request.body["messages"][-2]["content"] == "沿着一条直线摆动"
 
 
 def test_capacity_before_any_text_is_retried_with_backoff() -> None:
