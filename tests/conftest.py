@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from streamres._answer.memory import Memory
 from streamres._core.tokens import counter_for
+from streamres._shell import stream as _stream
 from streamres.upstream import Upstream
 from tests.helpers.redis import (
     TOPOLOGIES,
@@ -26,6 +28,15 @@ from tests.helpers.redis import (
 settings.register_profile("streamres", deadline=None, derandomize=True, database=None)
 settings.register_profile("fuzz", deadline=None, max_examples=1000)
 settings.load_profile("fuzz" if os.environ.get("STREAMRES_HYPOTHESIS") == "fuzz" else "streamres")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_server_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a process remembers about servers (prefill refused, reached, resumes sent whole) is
+    keyed by base URL, and the embedded upstream's ports are reused: a test that followed
+    another on the same port once found it "refusing prefill" and resumed by instruct. Each
+    test starts with the memory of a fresh process."""
+    monkeypatch.setattr(_stream, "_MEMORY", Memory())
 
 
 @pytest.fixture(scope="session", autouse=True)
