@@ -2,9 +2,11 @@
 
 Pure and seeded (no network): answers of the embedded upstream in English, Chinese, Japanese,
 Korean, Thai, mixed CJK + Latin + emoji, and code are cut at a token, and the "model" resumes
-the way instruct continuations do — backing up 0–60 tokens to a token start, a word start, a
-clause start or a sentence start, with or without a preamble in the answer's language — or
-continues with a coincidental near-repeat of an earlier phrase, which must be kept. Each head is
+the way instruct continuations do — backing up 0–60 tokens from the end of what it was shown
+(the request leaves the last token out in scripts without spaces, as the library's does) to a
+token start, a word start, a clause start or a sentence start, with or without a preamble in
+the answer's language — or continues with a coincidental near-repeat of an earlier phrase,
+which must be kept. Each head is
 fed token by token, 20 ms apart, as a server streams it.
 
 Reported per language: exact joins (all cases; overlaps of 2 tokens or more that start at a
