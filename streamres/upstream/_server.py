@@ -235,6 +235,9 @@ class _Reset(Exception):
 class _Counters:
     in_flight: dict[str, int] = field(default_factory=dict)
     peak: dict[str, int] = field(default_factory=dict)
+    #: Streams begun since the start, and the serial numbers of those being served.
+    begun: int = 0
+    serving: set[int] = field(default_factory=set)
 
 
 class Upstream:
@@ -288,6 +291,7 @@ class Upstream:
         self._counters = _Counters()
         self._idle: anyio.Event | None = None
         self._streams_done: anyio.Event | None = None
+        self._stream_ended: anyio.Event | None = None
         self._bodies: dict[tuple[Any, ...], tuple[bytes, int]] = {}
         #: Background responses of /v1/responses, by id: every event, for replays.
         self._stored: dict[str, list[tuple[int, bytes, bool]]] = {}
@@ -619,7 +623,7 @@ class Upstream:
             delay = float(headers["x-upstream-delay"])
         #: "event": each token its own write, at once (as a server relaying a fast model).
         each = headers.get("x-upstream-framing", self.framing) == "event"
-        self._enter(model)
+        serial = self._enter(model)
         try:
             if fault.kind == "bomb":
                 await self._start_events(conn, stream, [("content-encoding", "gzip")])
@@ -657,7 +661,7 @@ class Upstream:
                 conn, stream, render, reply, fault, max_tokens, input_tokens, delay, record, each
             )
         finally:
-            self._leave(model)
+            self._leave(model, serial)
 
     async def _replay(
         self,
@@ -712,17 +716,32 @@ class Upstream:
             return
         await self._end_with_fault(conn, stream, render, fault)
 
-    def _enter(self, model: str) -> None:
+    def _enter(self, model: str) -> int:
         c = self._counters
         for key in (model, "*"):
             c.in_flight[key] = c.in_flight.get(key, 0) + 1
             c.peak[key] = max(c.peak.get(key, 0), c.in_flight[key])
+        c.begun += 1
+        c.serving.add(c.begun)
+        return c.begun
 
-    def _leave(self, model: str) -> None:
+    def _leave(self, model: str, serial: int) -> None:
         for key in (model, "*"):
             self._counters.in_flight[key] -= 1
+        self._counters.serving.discard(serial)
+        if self._stream_ended is not None:
+            self._stream_ended.set()
+            self._stream_ended = None
         if not self._counters.in_flight["*"] and self._streams_done is not None:
             self._streams_done.set()
+
+    async def wait_streams_begun_done(self) -> None:
+        """Return once every stream being served now has ended; those begun meanwhile are not
+        waited for (tests: what was let through before a change has run its course)."""
+        now = set(self._counters.serving)
+        while now & self._counters.serving:
+            self._stream_ended = self._stream_ended or anyio.Event()
+            await self._stream_ended.wait()
 
     async def wait_streams_done(self) -> None:
         """Return once no answer is being streamed (tests: a client's close reached here)."""

@@ -3,14 +3,15 @@ empty, paused (SIGSTOP), emptied (FLUSHALL) and full (``maxmemory`` with ``noevi
 against a real ``redis-server`` and an upstream that counts what it serves at once.
 
 Each worker keeps more streams going than its share, so the limit is what holds them back.
-Once a fault has begun and the answers running then have ended (``SETTLE``), the fleet keeps
-to the processes' shares (the limit divided by the three each last saw: here the limit
-itself); after it ends, to the limit within ``RECOVERY`` — the time the README gives: one
-answer's length and the rejoin's few seconds. Emptied, it never goes past the limit at all.
-Every answer is exact."""
+Once every process has seen a fault (each says when its shared state goes away and comes back)
+and the answers running then have ended, the fleet keeps to the processes' shares (the limit
+divided by the three each last saw: here the limit itself); after it ends, to the limit
+within ``RECOVERY`` — the time the README gives: one answer's length and the rejoin's few
+seconds. Emptied, it never goes past the limit at all. Every answer is exact."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from streamres.upstream import Upstream
 from tests.helpers.redis import RedisSentinelServers, RedisServer, connected
@@ -33,9 +35,6 @@ pytestmark = pytest.mark.anyio
 Q = [{"role": "user", "content": "Explain TCP slow start."}]
 LIMIT, WORKERS, EACH = 6, 3, 4  # 12 streams wanted at once, 6 allowed
 WORDS, DELAY = 40, 0.02  # answers of about a second
-#: After a fault begins: the processes see it (their next call fails, within a second) and
-#: the answers running when it began end (about a second).
-SETTLE = 2.0
 #: After a fault ends: an answer's length for what was let through to end, and the rejoin's
 #: check (each second) and the lost-data grace (1.5 s).
 RECOVERY = 5.0
@@ -66,8 +65,16 @@ WORKER = textwrap.dedent(
             async def until_told():
                 await anyio.to_thread.run_sync(sys.stdin.readline)
                 stop.set()
+            async def say_state():  # each change of the shared state as this process sees it
+                seen = None
+                while not stop.is_set():
+                    if (now := client.shared_status().connected) != seen:
+                        seen = now
+                        print("connected" if now else "away", flush=True)
+                    await anyio.sleep(0.02)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(until_told)
+                tg.start_soon(say_state)
                 for _ in range(each):
                     tg.start_soon(one)
         print(json.dumps({"texts": texts, "errors": errors}))
@@ -76,10 +83,34 @@ WORKER = textwrap.dedent(
 )
 
 
+class _Workers:
+    """The worker processes' state as each last said it, and their answers once ended."""
+
+    def __init__(self) -> None:
+        self.states: list[str] = [""] * WORKERS
+        self.results: list[dict[str, Any]] = []
+        self._said = anyio.Event()
+
+    def said(self, i: int, line: str) -> None:
+        if line in ("connected", "away"):
+            self.states[i] = line
+            self._said.set()
+            self._said = anyio.Event()
+        else:
+            self.results.append(json.loads(line))
+
+    async def all(self, state: str) -> None:
+        """Until every worker has said ``state`` last."""
+        with anyio.fail_after(30):
+            while any(s != state for s in self.states):
+                await self._said.wait()
+
+
 @asynccontextmanager
-async def _workers(url: str, shared: str) -> AsyncIterator[list[dict[str, Any]]]:
-    """Three worker processes streaming until the block ends; then their answers."""
-    results: list[dict[str, Any]] = []
+async def _workers(url: str, shared: str) -> AsyncIterator[_Workers]:
+    """Three worker processes streaming until the block ends, saying their shared state as it
+    changes; then their answers."""
+    workers = _Workers()
     procs = [
         await anyio.open_process(
             [sys.executable, "-c", WORKER, url, shared, str(EACH), str(LIMIT)],
@@ -87,25 +118,26 @@ async def _workers(url: str, shared: str) -> AsyncIterator[list[dict[str, Any]]]
         )
         for _ in range(WORKERS)
     ]
-    try:
-        yield results
-    finally:
-        for proc in procs:
-            assert proc.stdin is not None
-            await proc.stdin.send(b"stop\n")
 
-        async def collect(proc: Any) -> None:
-            assert proc.stdout is not None
-            out = b""
-            async for chunk in proc.stdout:
-                out += chunk
-            await proc.wait()
-            results.append(json.loads(out))
+    async def read(i: int, proc: Any) -> None:
+        assert proc.stdout is not None
+        lines = BufferedByteReceiveStream(proc.stdout)
+        with contextlib.suppress(anyio.EndOfStream, anyio.IncompleteRead):
+            while True:
+                workers.said(i, (await lines.receive_until(b"\n", 1 << 26)).decode())
 
-        with anyio.fail_after(60):
-            async with anyio.create_task_group() as tg:
+    async with anyio.create_task_group() as readers:
+        for i, proc in enumerate(procs):
+            readers.start_soon(read, i, proc)
+        try:
+            yield workers
+        finally:
+            for proc in procs:
+                assert proc.stdin is not None
+                await proc.stdin.send(b"stop\n")
+            with anyio.fail_after(60):
                 for proc in procs:
-                    tg.start_soon(collect, proc)
+                    await proc.wait()
 
 
 async def _redis(url: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -143,6 +175,14 @@ async def _all_seen(url: str) -> None:
             await anyio.sleep(0.1)
 
 
+async def _settled(up: Upstream, workers: _Workers) -> None:
+    """A fault has begun: until every worker has seen it and the answers running then (let
+    through by the fleet's count, or by a process's share before the others saw it) have
+    ended."""
+    await workers.all("away")
+    await up.wait_streams_begun_done()
+
+
 async def _window(up: Upstream, seconds: float) -> int:
     """The most streams the upstream served at once over the next ``seconds``."""
     up.reset_peak()
@@ -158,13 +198,14 @@ async def test_an_account_limit_holds_through_every_redis_fault(
     url = redis_servers.url
     peaks: dict[str, int] = {}
     async with Upstream(token_delay=DELAY, words=WORDS) as up:
-        async with _workers(up.openai_url, url) as results:
+        async with _workers(up.openai_url, url) as workers:
+            await workers.all("connected")
             await _all_seen(url)
             peaks["steady"] = await _window(up, 2.0)
 
             # Killed, and back without its data.
             redis_servers.stop()
-            await anyio.sleep(SETTLE)
+            await _settled(up, workers)
             peaks["killed"] = await _window(up, 2.0)
             redis_servers.start()
             await anyio.sleep(RECOVERY)
@@ -175,7 +216,7 @@ async def test_an_account_limit_holds_through_every_redis_fault(
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
             try:
-                await anyio.sleep(SETTLE)
+                await _settled(up, workers)
                 peaks["paused"] = await _window(up, 2.0)
             finally:
                 for pid in pids:
@@ -192,15 +233,15 @@ async def test_an_account_limit_holds_through_every_redis_fault(
             # Full: writes refused, pings answered.
             for primary in redis_servers.primaries():
                 await _fill(primary)
-            await anyio.sleep(SETTLE)
+            await _settled(up, workers)
             peaks["full"] = await _window(up, 2.0)
             for primary in redis_servers.primaries():
                 await _redis(primary, lambda r: r.config_set({"maxmemory": "0"}))
             await anyio.sleep(RECOVERY)
             peaks["after full"] = await _window(up, 2.0)
         answer = up.answer(Q, words=WORDS)
-    texts = [t for r in results for t in r["texts"]]
-    errors = [e for r in results for e in r["errors"]]
+    texts = [t for r in workers.results for t in r["texts"]]
+    errors = [e for r in workers.results for e in r["errors"]]
     assert not errors, errors[:3]
     assert len(texts) > 60 and all(t == answer for t in texts)
     share = WORKERS * max(1, LIMIT // WORKERS)
@@ -224,21 +265,21 @@ async def test_an_account_limit_holds_through_a_sentinel_failover(tmp_path: Path
     peaks: dict[str, int] = {}
     try:
         async with Upstream(token_delay=DELAY, words=WORDS) as up:
-            async with _workers(up.openai_url, servers.url) as results:
+            async with _workers(up.openai_url, servers.url) as workers:
                 await _all_seen(servers.url)
                 peaks["steady"] = await _window(up, 2.0)
                 old = servers.primary
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(anyio.to_thread.run_sync, servers.fail_over)
-                    peaks["failing over"] = await _window(up, SETTLE)
+                    peaks["failing over"] = await _window(up, 2.0)
                 assert servers.primary != old
                 await anyio.sleep(RECOVERY)
                 peaks["after"] = await _window(up, 2.0)
             answer = up.answer(Q, words=WORDS)
     finally:
         servers.close()
-    texts = [t for r in results for t in r["texts"]]
-    errors = [e for r in results for e in r["errors"]]
+    texts = [t for r in workers.results for t in r["texts"]]
+    errors = [e for r in workers.results for e in r["errors"]]
     assert not errors, errors[:3]
     assert len(texts) > 30 and all(t == answer for t in texts)
     assert peaks["steady"] == LIMIT, peaks
