@@ -488,3 +488,34 @@ async def test_a_server_remembered_at_a_url_is_forgotten_when_another_answers_th
     assert text == done.text == upstream.answer(USER)
     assert upstream.requests[1].body["messages"][-1]["role"] == "user"  # instruct: a new turn
     assert upstream.openai_url not in _MEMORY.continues
+
+
+async def test_the_upstream_waits_for_the_answers_served_at_a_moment_not_those_begun_since() -> (
+    None
+):
+    """``Upstream.wait_streams_begun_done`` (what the fault tests synchronise on): it returns
+    when the answers being served when it was called have ended, while a later one goes on."""
+    body = {"model": "m", "stream": True, "messages": USER}
+    async with (
+        Upstream(token_delay=0.01, words=2000) as up,  # answers of 20 s
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        url = up.openai_url + "/chat/completions"
+        done = anyio.Event()
+
+        async def wait() -> None:
+            await up.wait_streams_begun_done()
+            done.set()
+
+        first = await http.send(http.build_request("POST", url, json=body), stream=True)
+        await anext(first.aiter_raw())  # being served
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            second = await http.send(http.build_request("POST", url, json=body), stream=True)
+            await anext(second.aiter_raw())
+            assert not done.is_set() and up.in_flight() == 2
+            await first.aclose()
+            with anyio.fail_after(10):
+                await done.wait()
+            assert up.in_flight() == 1  # the later answer is still being served
+            await second.aclose()
