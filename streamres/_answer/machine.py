@@ -1042,7 +1042,6 @@ class Answer:
         wording (the model is well: the failure is never charged to it). The model is
         remembered: it does not continue what it is shown, so its requests are sent whole
         from now on (one extra request per model and process, at most)."""
-        assert at.route.base_url is not None
         self.memory.no_hold.add((at.route.base_url, at.route.model))
         self.seam_tries += 1
         return failure(

@@ -35,7 +35,7 @@ class Memory:
     continues: set[str | None] = dataclasses.field(default_factory=set)
     #: (base_url, model) pairs whose instruct continuation wrote none of a held-back last
     #: token (a model that does not continue the text it is shown): sent whole from now on.
-    no_hold: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    no_hold: set[tuple[str | None, str]] = dataclasses.field(default_factory=set)
 
 
 #: The token encoding of a model if already loaded (never loads): ``(name, counter)``.

@@ -290,7 +290,7 @@ class Upstream:
         self.connections_accepted = 0
         self._counters = _Counters()
         self._idle: anyio.Event | None = None
-        self._streams_done: anyio.Event | None = None
+        #: Set as a stream ends, for whoever waits on streams (made when first waited on).
         self._stream_ended: anyio.Event | None = None
         self._bodies: dict[tuple[Any, ...], tuple[bytes, int]] = {}
         #: Background responses of /v1/responses, by id: every event, for replays.
@@ -732,22 +732,22 @@ class Upstream:
         if self._stream_ended is not None:
             self._stream_ended.set()
             self._stream_ended = None
-        if not self._counters.in_flight["*"] and self._streams_done is not None:
-            self._streams_done.set()
+
+    async def _a_stream_ended(self) -> None:
+        self._stream_ended = self._stream_ended or anyio.Event()
+        await self._stream_ended.wait()
 
     async def wait_streams_begun_done(self) -> None:
         """Return once every stream being served now has ended; those begun meanwhile are not
         waited for (tests: what was let through before a change has run its course)."""
         now = set(self._counters.serving)
         while now & self._counters.serving:
-            self._stream_ended = self._stream_ended or anyio.Event()
-            await self._stream_ended.wait()
+            await self._a_stream_ended()
 
     async def wait_streams_done(self) -> None:
         """Return once no answer is being streamed (tests: a client's close reached here)."""
         while self.in_flight():
-            self._streams_done = anyio.Event()
-            await self._streams_done.wait()
+            await self._a_stream_ended()
 
     async def _stream_body(
         self,
