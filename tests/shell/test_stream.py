@@ -497,7 +497,9 @@ async def test_the_upstream_waits_for_the_answers_served_at_a_moment_not_those_b
     when the answers being served when it was called have ended, while a later one goes on."""
     body = {"model": "m", "stream": True, "messages": USER}
     async with (
-        Upstream(token_delay=0.01, words=2000) as up,  # answers of 20 s
+        # Each answer stops after its first token and keeps its stream open (pings) until
+        # the client closes it.
+        Upstream(faults="stall@1,stall@1", ping_interval=0.05) as up,
         httpx.AsyncClient(timeout=10) as http,
     ):
         url = up.openai_url + "/chat/completions"
