@@ -1,7 +1,8 @@
 """What the answer's machine asks its shell to do, one action per step. Pure.
 
 Every fact the shell reports returns one of these; :data:`Action` is their union. The shell
-performs it and reports the fact it leads to (``states.TABLE`` says which facts may follow).
+performs it and reports the fact it leads to (``states.TABLE`` says where each fact takes the
+answer).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "Fail",
     "Finish",
     "Load",
+    "Read",
     "ReadBody",
     "Reserve",
     "Send",
@@ -86,8 +88,9 @@ class ReadBody:
     until: float
 
 
-class _Read:
-    """Read the next bytes of the body before :attr:`Answer.read_deadline`."""
+class Read:
+    """Read the next bytes of the body before :attr:`Answer.read_deadline` (one instance,
+    :data:`READ`: the per-token path allocates nothing)."""
 
     __slots__ = ()
 
@@ -95,7 +98,7 @@ class _Read:
         return "READ"
 
 
-READ = _Read()
+READ = Read()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,4 +117,4 @@ class Fail:
     error: StreamError
 
 
-Action = Wait | Acquire | Reserve | Load | Count | Send | ReadBody | _Read | Finish | Fail
+Action = Wait | Acquire | Reserve | Load | Count | Send | ReadBody | Read | Finish | Fail

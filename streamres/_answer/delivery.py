@@ -13,27 +13,34 @@ most doubtful).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
-from streamres._answer.memory import Memory
 from streamres._core.bounds import token_bytes
 from streamres._core.dedup import Deduplicator
 from streamres._core.events import ToolCall, Usage
 from streamres._core.tokens import Counter, TokenLedger, count_long
-from streamres._fleet.routes import Route
 
-__all__ = ["JOINS", "Delivery"]
+__all__ = ["JOINS", "Delivery", "Join", "Tally"]
 
-#: How each resume was joined, from the surest to the most doubtful: the done event reports
-#: the most doubtful of the answer's resumes.
-JOINS: tuple[str, ...] = (
-    "none",
-    "prefill",
-    "deduplicated",
-    "restart_removed",
-    "diverged",
-    "ended_at_seam",
-)
+#: How a resume was joined (``DoneEvent.join``).
+Join = Literal["none", "prefill", "deduplicated", "restart_removed", "diverged", "ended_at_seam"]
+#: The joins from the surest to the most doubtful: the done event reports the most doubtful
+#: of the answer's resumes.
+JOINS: tuple[Join, ...] = get_args(Join)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """One attempt's tokens, as :meth:`Delivery.tally` counted them."""
+
+    #: Tokens it delivered to the caller, and tokens of its text that were removed (repeats).
+    delivered: int
+    wasted: int
+    #: Its output count: the server's report, else the estimate (``None``: owed, or nothing).
+    output: int | None
+    #: ``output`` is the ledger's estimate, not a server's report.
+    estimated: bool
 
 
 class Delivery:
@@ -63,8 +70,8 @@ class Delivery:
         self.owed = False
         self.wasted = ""
         self.deduplicated = 0
-        #: The most doubtful join so far (an index into ``JOINS``).
-        self.join = 0
+        #: The most doubtful join so far.
+        self.join: Join = "none"
         #: The delivered answer's length in the *server's* tokens, while every attempt so far
         #: was on a server that sends one token per event (llama.cpp's) and joined exactly
         #: (prefill): the budget left after a resume is counted in these. ``None``: unknown,
@@ -106,13 +113,30 @@ class Delivery:
 
     # -- the ledger --------------------------------------------------------------------------
 
-    def tokens(self) -> int:
-        """Delivered tokens (the encoding is loaded)."""
+    def have_encoding(self, encoding: str, count: Counter) -> None:
+        """The token encoding is loaded (the first one loaded counts the answer)."""
+        if self.count is None:
+            self.encoding, self.count = encoding, count
+
+    def ledger_of_text(self) -> TokenLedger:
+        """The ledger of the delivered text (the encoding is loaded), made when first needed."""
         if self.ledger is None:
             assert self.count is not None
             self.ledger = TokenLedger(self.count)
             self.ledger.add(self.text)
-        return self.ledger.tokens
+        return self.ledger
+
+    def owe(self) -> None:
+        """The one attempt's counts wait until someone reads the usage."""
+        self.owed = True
+
+    def server_tokens_or_count(self) -> int:
+        """The delivered answer's length in tokens: the server's own, where known."""
+        return self.tokens() if self.server_tokens is None else self.server_tokens
+
+    def tokens(self) -> int:
+        """Delivered tokens (the encoding is loaded)."""
+        return self.ledger_of_text().tokens
 
     def count_text(self, text: str) -> int:
         if not text:
@@ -120,17 +144,14 @@ class Delivery:
         assert self.count is not None
         return count_long(self.count, text)
 
-    def joined(self, dedup: Deduplicator, added: int, route: Route, memory: Memory) -> None:
-        """Record how this continuation was joined onto the delivered text."""
+    def joined(self, dedup: Deduplicator, added: int) -> bool:
+        """Record how this continuation was joined onto the delivered text; whether the server
+        answered a prefill by starting over (it ignores the partial turn: llama-cpp-python's
+        server), so it is asked by instruct from now on."""
         stats = dedup.stats
+        restarted_prefill = dedup.mode == "prefill" and stats.restarted
         if dedup.mode == "prefill":
-            kind = "prefill"
-            if stats.restarted:
-                # The server answered a prefill by starting over: it ignores the partial turn
-                # (llama-cpp-python's server). Instruct from now on.
-                assert route.base_url is not None
-                memory.prefill_refused.add((route.base_url, route.model))
-                kind = "restart_removed"
+            kind: Join = "restart_removed" if stats.restarted else "prefill"
         elif stats.diverged:
             kind = "diverged"
         elif stats.restarted:
@@ -138,7 +159,50 @@ class Delivery:
         else:
             kind = "deduplicated"
         if added:  # a continuation that added nothing joined nothing
-            self.join = max(self.join, JOINS.index(kind))
+            self.join_as(kind)
+        return restarted_prefill
+
+    def join_as(self, kind: Join) -> None:
+        """A resume joined as ``kind``: the done event reports it if it is the most doubtful."""
+        if JOINS.index(kind) > JOINS.index(self.join):
+            self.join = kind
+
+    def tally(
+        self,
+        *,
+        added: int,
+        dropped: str,
+        dedup: Deduplicator | None,
+        single: bool,
+        reported: int | None,
+        input_tokens: int | None,
+        tokens_before: int,
+    ) -> Tally:
+        """Count an attempt that ended: it added ``added`` characters, and ``dropped`` of its
+        text was removed (``single``: the answer's one complete attempt, counted by the
+        server's ``reported`` output). The answer's usage adds it."""
+        if dedup is not None:
+            self.wasted += dropped
+            self.deduplicated += len(dedup.stats.dropped)
+        wasted = self.count_text(dropped)
+        if single:
+            assert reported is not None
+            delivered = reported
+        elif self.owed:
+            delivered = 0  # counted when first read
+        else:
+            delivered = (self.tokens() - tokens_before) if added else 0
+        estimate = delivered + wasted if added or dropped else None
+        estimated = reported is None and estimate is not None
+        out = reported if reported is not None else estimate
+        if self.owed:  # the server reported none; the answer's usage counts it when read
+            out, estimated = None, False
+        if input_tokens is not None:
+            self.input_tokens = (self.input_tokens or 0) + input_tokens
+        if out is not None:
+            self.output_tokens = (self.output_tokens or 0) + out
+        self.estimated = self.estimated or estimated
+        return Tally(delivered, wasted, out, estimated)
 
     def count_server_tokens(
         self, dedup: Deduplicator | None, *, continues: bool, pieces: int

@@ -1,17 +1,22 @@
-"""What the answer's machine is given beyond its options: the client's concurrency limits,
-what the process remembers of servers, and the token encodings already loaded. Pure."""
+"""What the answer's machine is given beyond its options: the client's concurrency limits and
+what the process remembers of servers. Pure.
+
+:class:`Memory` is the one place that learns about servers and answers from what it learnt:
+each answer's machine tells it what a server did (answered, named itself, refused a prefill,
+did not continue what it was shown), and asks it how to resume on a route.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from streamres._core.tokens import Counter
+from streamres._core.continuation import Strategy, choose, continues_prefill
 from streamres._fleet.routes import Route
 
-__all__ = ["Encodings", "Memory", "Slots"]
+__all__ = ["Memory", "Slots"]
 
 
 class Slots(Protocol):
@@ -27,7 +32,7 @@ class Memory:
     """What a process remembers about servers across answers."""
 
     #: (base_url, model) pairs whose server refused an assistant prefill: instruct from now on.
-    prefill_refused: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    prefill_refused: set[tuple[str | None, str]] = dataclasses.field(default_factory=set)
     #: Base URLs that have answered (any HTTP response): they get the patient policy.
     reached: set[str | None] = dataclasses.field(default_factory=set)
     #: Base URLs whose server showed it continues a final assistant message (``server:
@@ -37,6 +42,49 @@ class Memory:
     #: token (a model that does not continue the text it is shown): sent whole from now on.
     no_hold: set[tuple[str | None, str]] = dataclasses.field(default_factory=set)
 
+    # -- what servers did ----------------------------------------------------------------
 
-#: The token encoding of a model if already loaded (never loads): ``(name, counter)``.
-Encodings = Callable[[str], "tuple[str, Counter] | None"]
+    def answered(self, route: Route, status: int, headers: Mapping[str, str]) -> None:
+        """``route``'s server sent a response head."""
+        self.reached.add(route.base_url)
+        if continues_prefill(headers):
+            self.continues.add(route.base_url)
+        elif status == 200:
+            # Another server answers at this URL now (a restart, a port used again): what the
+            # last one did no longer says what this one does.
+            self.continues.discard(route.base_url)
+
+    def refused_prefill(self, route: Route) -> None:
+        """``route``'s server refused an assistant prefill, or answered one by starting over
+        (it ignores the partial turn): instruct from now on."""
+        self.prefill_refused.add((route.base_url, route.model))
+
+    def did_not_continue(self, route: Route) -> None:
+        """``route``'s model wrote none of a held-back last token: sent whole from now on."""
+        self.no_hold.add((route.base_url, route.model))
+
+    # -- what follows from it ------------------------------------------------------------
+
+    def has_reached(self, route: Route) -> bool:
+        return route.base_url in self.reached
+
+    def continues_at(self, route: Route) -> bool:
+        """``route``'s server named itself as continuing a final assistant message."""
+        return route.base_url in self.continues
+
+    def holds_back(self, route: Route) -> bool:
+        """An instruct continuation on ``route`` may leave the last token out."""
+        return (route.base_url, route.model) not in self.no_hold
+
+    def strategy(self, route: Route, extra_body: dict[str, Any]) -> Strategy:
+        """How a continuation on ``route`` is asked for, from what the process remembers."""
+        assert route.base_url is not None
+        if (route.base_url, route.model) in self.prefill_refused:
+            return "instruct"
+        return choose(
+            route.provider,
+            route.base_url,
+            route.continuation,
+            extra_body,
+            server_continues=self.continues_at(route),
+        )

@@ -1,17 +1,206 @@
-"""One read of an event stream: its SSE events through the provider's decoder, and what the
-model did besides writing text (reasoning, tool calls). Pure."""
+"""Reading a response: one read's SSE events through the provider's decoder and the
+de-duplicator into the caller's events, and what the model did besides writing text
+(reasoning, tool calls). Pure.
+
+:class:`Reader` does one answer's reading for its machine: it delivers what the read brought
+(within the answer's bounds) and says whether the attempt ends with it — complete, failed, cut
+at a bound, or a continuation that missed its seam. The machine moves on from there.
+"""
 
 from __future__ import annotations
 
-from streamres._answer.attempt import AttemptState
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+
+from streamres._answer.attempt import AttemptState, Exchange
 from streamres._answer.delivery import Delivery
-from streamres._core.classify import Failure, failure
-from streamres._core.events import Event, ThinkingEvent
+from streamres._answer.memory import Memory
+from streamres._answer.options import Options
+from streamres._answer.seam import Seam
+from streamres._core.classify import (
+    Failure,
+    classify_not_a_stream,
+    classify_response,
+    failure,
+)
+from streamres._core.events import Event, TextEvent, ThinkingEvent, ToolCallEvent
+from streamres._core.inflate import InflateError
+from streamres._core.logs import Log
+from streamres._core.policy import this_side_busy
+from streamres._core.redact import redact_url
 from streamres._core.sse import SSEDecoder
 from streamres._core.stall import StallTimer
 from streamres._providers.wire import DECODE_ERRORS, StreamDecoder
 
-__all__ = ["decode", "side"]
+__all__ = ["ERROR_BODY_LIMIT", "Ended", "Reader", "decode", "side"]
+
+#: Bytes of a body that is not an event stream kept to classify it.
+ERROR_BODY_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The read ended the attempt: ``fail`` says how (``None``: complete)."""
+
+    fail: Failure | None
+
+
+class Reader:
+    """One answer's reading: what each read delivers, and whether the attempt ends."""
+
+    __slots__ = ("delivery", "log", "memory", "opts", "seam", "stall")
+
+    def __init__(
+        self,
+        opts: Options,
+        delivery: Delivery,
+        stall: StallTimer,
+        seam: Seam,
+        memory: Memory,
+        log: Log,
+    ) -> None:
+        self.opts = opts
+        self.delivery = delivery
+        self.stall = stall
+        self.seam = seam
+        self.memory = memory
+        self.log = log
+
+    def deliver(self, text: str, out: list[Event]) -> None:
+        """What of ``text`` fits the answer's bounds is delivered (``out``: the caller's
+        events)."""
+        if text := self.delivery.add(text):
+            out.append(TextEvent(text))
+
+    def chunk(
+        self, attempt: AttemptState, data: bytes, out: list[Event], now: float
+    ) -> Ended | None:
+        """Bytes of the event stream came (the per-token path)."""
+        exchange = attempt.sent
+        sse, inflater = exchange.sse, exchange.inflater
+        try:
+            events = sse.feed(data if inflater.identity else inflater.feed(data))
+        except InflateError as exc:
+            return Ended(failure("malformed", str(exc)))
+        return self.take(attempt, exchange, events, out, now)
+
+    def eof(self, attempt: AttemptState, out: list[Event], now: float) -> Ended:
+        """The body ended: what its last bytes held, and the attempt ends."""
+        exchange = attempt.sent
+        attempt.body_ended()
+        try:
+            exchange.inflater.close()
+        except InflateError as exc:
+            return Ended(failure("malformed", str(exc)))
+        ended = self.take(attempt, exchange, exchange.sse.close(), out, now)
+        assert ended is not None  # the end of the body ends the attempt
+        return ended
+
+    def silence(self, attempt: AttemptState, now: float, *, late: float) -> Ended | None:
+        """The read timer fired before the deadline. A silence while the event loop ran at
+        least half the limit ``late`` may be this side's (policy rule 9): waited out again
+        (``None``), not resumed — a new request would only add to the load that made it
+        late."""
+        stall = self.stall
+        if this_side_busy(stall.limit(), late):
+            stall.wait_more(now)
+            self.log.debug("streamres.stall_waited", late=round(late, 3))
+            return None
+        silence = failure("stall", f"no output for {stall.limit():.3g} s")
+        if attempt.first_content is None:
+            # Nothing yet: the model is slow to start for its history (``first_output``).
+            silence = dataclasses.replace(silence, error_type="first_output")
+        return Ended(silence)
+
+    def take(
+        self,
+        attempt: AttemptState,
+        exchange: Exchange,
+        events: list[tuple[str, bytes]],
+        out: list[Event],
+        now: float,
+    ) -> Ended | None:
+        """One read's SSE events through the provider's decoder, the de-duplicator and the
+        stall timer, into events for the caller (``out``)."""
+        decoder, dedup = exchange.decoder, exchange.dedup
+        pieces, ending, fail = decode(exchange.sse, decoder, events, eof=attempt.eof)
+        if decoder.side or decoder.generating:
+            side(attempt, self.delivery, decoder, self.stall, out, now)
+        if not pieces and dedup is not None and not dedup.resolved:
+            text = dedup.poll(now=now)  # a hold that ran out
+            if text:
+                self.deliver(text, out)
+        if pieces:
+            attempt.output(now, len(pieces))
+            self.stall.output(now)
+            text = pieces[0] if len(pieces) == 1 else "".join(pieces)
+            if dedup is not None and not dedup.resolved:
+                text = dedup.feed(text, now=now)
+                if dedup.missed:
+                    attempt.ending(complete=False)
+                    return Ended(self.seam.missed(attempt.route, self.memory))
+            if text:
+                self.deliver(text, out)
+        if attempt.calls:
+            calls = self.delivery.tool_calls = attempt.take_calls()
+            for call in calls:
+                out.append(ToolCallEvent(call.id, call.name, call.arguments))
+        if ending:
+            attempt.ending(complete=fail is None)
+            return Ended(fail)
+        if self.delivery.cut:
+            return self._cut_off(attempt)
+        return None
+
+    def _cut_off(self, attempt: AttemptState) -> Ended:
+        """The answer reached a bound (``ReadLimits.answer``, ``max_tokens``): it ends here,
+        complete with ``finish_reason="length"``; the rest of the stream is not read."""
+        attempt.ending(complete=False)
+        bound = (
+            f"max_tokens={self.opts.max_tokens}"
+            if self.delivery.cut == "max_tokens"
+            else f"ReadLimits.answer={self.opts.read_limits.answer}"
+        )
+        self.log.warning(
+            "streamres.answer_cut",
+            model=attempt.route.key,
+            chars=self.delivery.chars,
+            bound=bound,
+            hint="the server kept sending past the answer's bound; it ends as length",
+        )
+        return Ended(None)
+
+    def finish(
+        self, attempt: AttemptState, fail: Failure | None, out: list[Event], now: float
+    ) -> Failure | None:
+        """The attempt ended (``fail``: how): a continuation's held text is decided and
+        delivered; one that missed its seam fails. Returns how it ended."""
+        exchange = attempt.sent
+        dedup = exchange.dedup
+        if dedup is not None and fail is None and not dedup.resolved:
+            text = dedup.finish(now=now)
+            if text:
+                self.deliver(text, out)
+            if dedup.missed:
+                fail = self.seam.missed(attempt.route, self.memory)
+        if self.delivery.chars - attempt.chars_before and not self.delivery.signed_thinking:
+            # The signed blocks that led to the first text shown: sent back on resume.
+            self.delivery.signed_thinking = list(exchange.decoder.signed_thinking)
+        return fail
+
+
+def classify_body(exchange: Exchange, data: bytes, *, wall: float) -> Failure:
+    """What the start of a body that is not an event stream says (``wall``: the wall-clock
+    time, for Retry-After dates)."""
+    with contextlib.suppress(InflateError):  # unreadable: classified as it came
+        data = exchange.inflater.feed(data)[:ERROR_BODY_LIMIT]
+    text = data.decode("utf-8", "replace")
+    status, headers = exchange.status, exchange.headers
+    url = redact_url(exchange.request.url)
+    if status >= 400:
+        return classify_response(status, headers, text, now=wall, url=url)
+    return classify_not_a_stream(status, headers, text, url=url, now=wall)
 
 
 def decode(
@@ -42,8 +231,8 @@ def decode(
 
 
 def side(
-    at: AttemptState,
-    d: Delivery,
+    attempt: AttemptState,
+    delivery: Delivery,
     decoder: StreamDecoder,
     stall: StallTimer,
     out: list[Event],
@@ -51,16 +240,16 @@ def side(
 ) -> None:
     """Reasoning and tool calls: the model is working (the stall timer restarts). Reasoning
     comes before the text it leads to (``out`` has it now); tool calls end the turn, so they
-    go after this read's text (kept in ``at.calls``)."""
+    go after this read's text (kept in ``attempt.calls``)."""
     stall.output(now)
     decoder.generating = False
     for kind, value in decoder.side:
         if kind == "thinking":
-            if value := d.fit(value):
-                d.thinking.append(value)
+            if value := delivery.fit(value):
+                delivery.thinking.append(value)
                 out.append(ThinkingEvent(value))
         else:
-            at.calls = value
+            attempt.calls = value
     decoder.side.clear()
-    if decoder.calls and sum(c.size for c in decoder.calls.values()) > d.room:
-        d.cut = "characters"  # tool-call arguments past the bound: no call is whole
+    if decoder.calls and sum(c.size for c in decoder.calls.values()) > delivery.room:
+        delivery.cut = "characters"  # tool-call arguments past the bound: no call is whole

@@ -5,8 +5,9 @@ A continuation resubmits the partial answer so the model continues it: by *prefi
 partial as a final assistant message, continued by the server) or by *instruct* (asked, in
 words, to go on), chosen per route (``continuation.choose``) and remembered per server (a
 server that refused a prefill is asked by instruct from then on; one that names itself as
-continuing a final assistant message is resumed by prefill). Its text goes through a
-:class:`~streamres._core.dedup.Deduplicator` built here, which removes what the model repeats.
+continuing a final assistant message is resumed by prefill: ``Memory.strategy``). Its text
+goes through a :class:`~streamres._core.dedup.Deduplicator` built here, which removes what the
+model repeats.
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from streamres._answer.actions import Load
+from streamres._answer.attempt import Exchange
+from streamres._answer.counting import Encodings
+from streamres._answer.delivery import Delivery
 from streamres._answer.memory import Memory
 from streamres._answer.options import Options
-from streamres._core.continuation import Strategy, build_continuation, choose
+from streamres._answer.reattach import Replay
+from streamres._answer.seam import Seam
+from streamres._core.continuation import Strategy, build_continuation
 from streamres._core.dedup import Deduplicator, hold_back
+from streamres._core.redact import url_secrets
+from streamres._core.sse import SSEDecoder
 from streamres._core.tokens import token_starts
 from streamres._fleet.routes import Route
 from streamres._providers import anthropic as _anthropic
@@ -29,12 +38,15 @@ from streamres._providers.wire import HttpRequest, StreamDecoder
 __all__ = [
     "PROVIDERS",
     "Continuation",
+    "Prepared",
     "budget",
     "build",
     "continuation",
     "decoder_for",
-    "replay",
-    "strategy",
+    "exchange",
+    "prepare",
+    "replay_request",
+    "secrets",
 ]
 
 PROVIDERS: dict[str, tuple[Callable[..., HttpRequest], type[StreamDecoder]]] = {
@@ -44,18 +56,68 @@ PROVIDERS: dict[str, tuple[Callable[..., HttpRequest], type[StreamDecoder]]] = {
 }
 
 
-def strategy(route: Route, memory: Memory, extra_body: dict[str, Any]) -> Strategy:
-    """How a continuation on ``route`` is asked for, from what the process remembers."""
-    assert route.base_url is not None
-    if (route.base_url, route.model) in memory.prefill_refused:
-        return "instruct"
-    return choose(
-        route.provider,
-        route.base_url,
-        route.continuation,
-        extra_body,
-        server_continues=route.base_url in memory.continues,
-    )
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The next request, and the de-duplicator a continuation's text goes through."""
+
+    request: HttpRequest
+    dedup: Deduplicator | None = None
+
+
+def prepare(
+    opts: Options,
+    route: Route,
+    *,
+    replay: Replay | None,
+    delivery: Delivery,
+    memory: Memory,
+    seam: Seam,
+    encodings: Encodings,
+) -> Prepared | Load | None:
+    """The next request on ``route``: a re-attach to ``replay`` (the server kept generating:
+    exactly what was missed), the first request, or a continuation of what was delivered.
+    ``Load``: the route's token encoding first (an instruct continuation cuts at its token
+    seams); ``None``: the token budget is spent, no request is made. ``TypeError`` or
+    ``ValueError``: the request cannot be built."""
+    if replay is not None:
+        return Prepared(replay_request(opts, route, replay.response_id, replay.after))
+    max_tokens = budget(opts, route)
+    messages, extra, dedup = opts.messages, opts.extra_body, None
+    if delivery.chars:
+        if max_tokens is not None:
+            max_tokens -= delivery.server_tokens_or_count()
+        how = memory.strategy(route, opts.extra_body)
+        if how == "instruct" and encodings.get(route.model) is None:
+            return encodings.ask(route.model)
+        cont = continuation(
+            opts,
+            route,
+            delivery.text,
+            how=how,
+            thinking=delivery.signed_thinking,
+            wording=seam.wording,
+            hold=seam.holds_back(route, memory),
+        )
+        messages, extra, dedup = cont.messages, cont.extra_body, cont.dedup
+    if max_tokens is not None and max_tokens <= 0:
+        return None
+    return Prepared(build(opts, route, messages, extra, max_tokens), dedup)
+
+
+def secrets(opts: Options, secret_header: Callable[[str], bool]) -> list[str]:
+    """Every secret the answer's requests may carry: its credential headers' values, each
+    route's API key and URL credentials (masked in every message, history entry and log)."""
+    found: list[str | None] = [v for k, v in opts.headers.items() if secret_header(k)]
+    for i in opts.chain:
+        route = opts.fleet.routes[i]
+        found += [route.api_key, *url_secrets(route.base_url or "")]
+    return [s for s in found if s]
+
+
+def exchange(opts: Options, route: Route, req: HttpRequest, dedup: Deduplicator | None) -> Exchange:
+    """The exchange of ``req``: what will read its response on ``route``."""
+    sse = SSEDecoder(max_line=opts.read_limits.line, max_event=opts.read_limits.event)
+    return Exchange(req, decoder_for(route, opts), dedup, sse)
 
 
 def budget(opts: Options, route: Route) -> int | None:
@@ -67,7 +129,7 @@ def budget(opts: Options, route: Route) -> int | None:
     return opts.max_tokens
 
 
-def replay(opts: Options, route: Route, response_id: str, after: int) -> HttpRequest:
+def replay_request(opts: Options, route: Route, response_id: str, after: int) -> HttpRequest:
     """Re-attach to a background response that kept generating: exactly what was missed."""
     assert route.base_url is not None
     return _responses.replay_request(

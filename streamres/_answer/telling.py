@@ -1,8 +1,11 @@
-"""What the caller is told after a failed attempt: the event for the policy's decision, or the
-error it gives up with. Pure."""
+"""What the caller is told: the event for the policy's decision after a failed attempt, the
+wait for a model, the done event, or the error the answer gives up with. Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from streamres._answer.delivery import Delivery
 from streamres._core.classify import Failure
 from streamres._core.errors import (
     AttemptsExhausted,
@@ -11,11 +14,36 @@ from streamres._core.errors import (
     StreamError,
     UpstreamUnreachable,
 )
-from streamres._core.events import FallbackEvent, ResumeEvent, RetryEvent
+from streamres._core.events import (
+    Attempt,
+    DoneEvent,
+    FallbackEvent,
+    ResumeEvent,
+    RetryEvent,
+    Usage,
+)
+from streamres._core.logs import Log
 from streamres._core.policy import Decision
-from streamres._core.wording import fallback_message, plural, resume_message, retry_message
+from streamres._core.redact import Redactor
+from streamres._core.wording import (
+    busy_message,
+    fallback_message,
+    plural,
+    resume_message,
+    retry_message,
+)
+from streamres._fleet.routes import Route
 
-__all__ = ["LOG_EVENT", "after_failure", "giving_up"]
+__all__ = [
+    "LOG_EVENT",
+    "after_failure",
+    "busy",
+    "done",
+    "error",
+    "fallback",
+    "giving_up",
+    "log_decision",
+]
 
 #: The log event of each decision, by whether text was delivered.
 LOG_EVENT = {
@@ -31,6 +59,22 @@ _GIVE_UP: dict[str, type[StreamError]] = {
     "attempts": AttemptsExhausted,
     "unreachable": UpstreamUnreachable,
 }
+
+
+def log_decision(
+    log: Log, decision: Decision, fail: Failure, route: Route, *, attempt: int, chars: int
+) -> None:
+    """Tell the log what the policy decided after ``attempt`` failed."""
+    log.info(
+        LOG_EVENT[decision.action, bool(chars)],
+        model=route.key,
+        attempt=attempt,
+        reason=fail.kind,
+        status_code=fail.status_code,
+        error=fail.message,
+        chars=chars,
+        delay=round(decision.delay, 3),
+    )
 
 
 def giving_up(
@@ -52,6 +96,20 @@ def giving_up(
     return cls, message
 
 
+def fallback(
+    model: str, to_model: str, reason: str, why: str, *, attempt: int, tokens: int
+) -> FallbackEvent:
+    """The event for a move from ``model`` to ``to_model`` (``why``: the words' reason)."""
+    return FallbackEvent(
+        message=fallback_message(model, to_model, why),
+        attempt=attempt,
+        from_model=model,
+        to_model=to_model,
+        reason=reason,
+        tokens_so_far=tokens,
+    )
+
+
 def after_failure(
     decision: Decision,
     fail: Failure,
@@ -66,14 +124,8 @@ def after_failure(
 ) -> FallbackEvent | ResumeEvent | RetryEvent:
     """The event for a retry, a resume (text was delivered) or a switch to ``to_model``."""
     if decision.action == "switch":
-        return FallbackEvent(
-            message=fallback_message(model, to_model, "unreachable" if fail.connect else fail.kind),
-            attempt=attempt + 1,
-            from_model=model,
-            to_model=to_model,
-            reason=fail.kind,
-            tokens_so_far=tokens,
-        )
+        why = "unreachable" if fail.connect else fail.kind
+        return fallback(model, to_model, fail.kind, why, attempt=attempt + 1, tokens=tokens)
     if chars:
         return ResumeEvent(
             message=resume_message(fail, delay=decision.delay, tokens=tokens),
@@ -92,4 +144,67 @@ def after_failure(
         reason=fail.kind,
         model=model,
         status_code=fail.status_code,
+    )
+
+
+def busy(wait: float, *, probing: bool, capacity: bool, attempt: int, model: str) -> RetryEvent:
+    """The event for a wait of ``wait`` seconds for a model that will take the request."""
+    return RetryEvent(
+        message=busy_message(wait, probing=probing, capacity=capacity),
+        attempt=attempt,
+        delay=wait,
+        reason="circuit_open",
+        model=model,
+    )
+
+
+def done(
+    delivery: Delivery,
+    *,
+    finish_reason: str,
+    refusal: str,
+    model: str,
+    history: Sequence[Attempt],
+    resumes: int,
+    usage: Usage,
+    elapsed: float,
+    response_id: str,
+) -> DoneEvent:
+    """The done event: the whole answer as delivered, its usage and history."""
+    return DoneEvent(
+        text=delivery.text,
+        finish_reason=finish_reason,
+        model=model,
+        attempts=len(history),
+        resumes=resumes,
+        usage=usage,
+        history=tuple(history),
+        deduplicated_chars=delivery.deduplicated,
+        elapsed=elapsed,
+        tool_calls=delivery.tool_calls,
+        thinking="".join(delivery.thinking),
+        refusal=refusal,
+        join=delivery.join,
+        response_id=response_id,
+    )
+
+
+def error(
+    cls: type[StreamError],
+    message: str,
+    last: Failure | None,
+    *,
+    redactor: Redactor,
+    partial_text: str,
+    history: Sequence[Attempt],
+    model: str,
+) -> StreamError:
+    """The error an answer ends with: its words masked, the partial answer in it."""
+    return cls(
+        redactor.redact(message),
+        partial_text=partial_text,
+        history=tuple(history),
+        model=model,
+        status_code=last.status_code if last else None,
+        reason=last.kind if last else None,
     )

@@ -53,6 +53,7 @@ __all__ = [
     "LAST_TRY",
     "Decision",
     "connect_timeout",
+    "consecutive_failures",
     "decide",
     "reinterpret",
 ]
@@ -95,6 +96,21 @@ class Decision:
     #: For ``give_up``: which error to raise, and why in words.
     error: Literal["rejected", "deadline", "attempts", "unreachable", ""] = ""
     why: str = ""
+
+
+def consecutive_failures(kind: str, current: int, *, added: bool, seam_tries: int) -> int:
+    """A model's count of consecutive failures after an attempt on it failed with ``kind``
+    (``current``: the count before; ``added``: the attempt delivered text, so the model was
+    working and its count starts again at one). The count is what :func:`decide` reads."""
+    if kind == "ended_at_seam":
+        # The model is well, it would not continue: the first time it is asked again (in the
+        # other wording); the second, :func:`decide` moves to the next model.
+        return seam_tries
+    if kind in ("client_busy", "context_length"):
+        # This side's failure, not the model's; a request too long for the model is not a
+        # failure of it either (that model is not asked again for this answer).
+        return current
+    return 1 if added else current + 1
 
 
 def decide(

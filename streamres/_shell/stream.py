@@ -20,11 +20,12 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
 
 import anyio
 import httpx
 
+from streamres._answer.actions import Action, Read
 from streamres._answer.machine import (
     ERROR_BODY_LIMIT,
     READ,
@@ -389,8 +390,10 @@ async def _drain(chunks: AsyncIterator[bytes], seconds: float) -> None:
 class _Shell:
     """Performs one answer's actions; owns its HTTP client (if it made one) and response."""
 
-    def __init__(self, m: Answer, client: httpx.AsyncClient | None, limits: Limits | None) -> None:
-        self.m = m
+    def __init__(
+        self, answer: Answer, client: httpx.AsyncClient | None, limits: Limits | None
+    ) -> None:
+        self.answer = answer
         self.client = client
         self.own_client = client is None
         self.limits = limits
@@ -400,52 +403,55 @@ class _Shell:
         self.body: AsyncIterator[bytes] | None = None
         self.url = ""
 
-    async def perform(self, act: object) -> object:
-        """Do one action other than ``READ``; return the machine's next action."""
-        m, now = self.m, self.now
-        if isinstance(act, Wait):
-            if act.probing and self.limits is not None:
-                # Another stream's probe is deciding: its outcome wakes this one.
-                await self.limits.changed(max(0.0, act.until - now()))
-            else:
-                await anyio.sleep(max(0.0, act.until - now()))
-            return m.woke(now())
-        if isinstance(act, Acquire):
-            assert self.limits is not None
-            asked = now()
-            ok = await self.limits.acquire(act.route, max(0.0, act.until - asked), act.priority)
-            return m.acquired(ok, now(), queued=now() - asked)
-        if isinstance(act, Load):
-            name, count = await load_counter(act.model)
-            return m.loaded(name, count, now())
-        if isinstance(act, Count):
-            await anyio.to_thread.run_sync(act.ledger.settle)
-            return m.counted(now())
-        if isinstance(act, Reserve):
-            assert isinstance(self.limits, SharedState)
-            return m.reserved(await self.limits.reserve_retry(), now())
-        if isinstance(act, Send):
-            return await self.send(act)
-        if isinstance(act, ReadBody):
-            assert self.response is not None
-            assert self.body is not None
-            body = await _read_body(self.body, max(0.0, act.until - now()))
-            await self.close()
-            return m.body(body, now(), wall=time.time())
-        raise AssertionError(f"unknown action {act!r}")
+    async def perform(
+        self, act: Wait | Acquire | Load | Count | Reserve | Send | ReadBody
+    ) -> Action:
+        """Do one action that is neither ``READ`` nor an ending; return the machine's next."""
+        answer, now = self.answer, self.now
+        match act:
+            case Wait(until=until, probing=probing):
+                if probing and self.limits is not None:
+                    # Another stream's probe is deciding: its outcome wakes this one.
+                    await self.limits.changed(max(0.0, until - now()))
+                else:
+                    await anyio.sleep(max(0.0, until - now()))
+                return answer.woke(now())
+            case Acquire(route=route, until=until, priority=priority):
+                assert self.limits is not None
+                asked = now()
+                ok = await self.limits.acquire(route, max(0.0, until - asked), priority)
+                return answer.acquired(ok, now(), queued=now() - asked)
+            case Load(model=model):
+                name, count = await load_counter(model)
+                return answer.loaded(name, count, now())
+            case Count(ledger=ledger):
+                await anyio.to_thread.run_sync(ledger.settle)
+                return answer.counted(now())
+            case Reserve():
+                assert isinstance(self.limits, SharedState)
+                return answer.reserved(await self.limits.reserve_retry(), now())
+            case Send():
+                return await self.send(act)
+            case ReadBody(until=until):
+                assert self.body is not None
+                body = await _read_body(self.body, max(0.0, until - now()))
+                await self.close()
+                return answer.body(body, now(), wall=time.time())
+            case _:
+                assert_never(act)
 
     def late(self) -> float:
         """How late this process's event loop has been running (0 without a ``Client``)."""
         lag = self.limits.lag if self.limits is not None else None
         return lag.late(anyio.current_time()) if lag is not None else 0.0
 
-    async def send(self, act: Send) -> object:
-        m, now = self.m, self.now
+    async def send(self, act: Send) -> Action:
+        answer, now = self.answer, self.now
         req = act.request
         if act.probe_route is not None and isinstance(self.limits, SharedState):
             wait = await self.limits.claim_probe(act.probe_route)
             if wait is not None:  # another process is probing this model
-                return m.probe_taken(now(), until=now() + min(wait, PROBE_RECHECK))
+                return answer.probe_taken(now(), until=now() + min(wait, PROBE_RECHECK))
         if self.client is None:
             self.client = httpx.AsyncClient(
                 verify=await _shared_ssl_context(), timeout=None, limits=STREAMING_POOL
@@ -462,7 +468,7 @@ class _Shell:
             )
         except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
             why = f"cannot build the request to {redact_url(req.url)}: {exc}"
-            raise m.unbuildable(why) from exc
+            raise answer.unbuildable(why) from exc
         connects = self.limits.connects if self.limits is not None else None
         response, fail, queued = await _send(
             self.client,
@@ -473,28 +479,28 @@ class _Shell:
         )
         if response is None:
             assert fail is not None
-            return m.send_failed(fail, now(), queued=queued, late=self.late())
+            return answer.send_failed(fail, now(), queued=queued, late=self.late())
         self.response, self.url = response, req.url
         # The raw stream itself, not ``aiter_raw()``: one async generator fewer per read (it
         # only counts bytes and splits nothing when no chunk size is asked for).
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         self.body = stream.__aiter__()
-        return m.started(response.status_code, response.headers, now(), queued=queued)
+        return answer.started(response.status_code, response.headers, now(), queued=queued)
 
-    async def read(self) -> object:
+    async def read(self) -> Action:
         """One read of the event stream (the per-token path)."""
-        m = self.m
+        answer = self.answer
         assert self.body is not None
         try:
-            chunk = await self.timer.read(self.body, m.read_deadline)
+            chunk = await self.timer.read(self.body, answer.read_deadline)
         except httpx.HTTPError as exc:
-            return m.read_failed(_transport_failure(exc, self.url), self.now())
+            return answer.read_failed(_transport_failure(exc, self.url), self.now())
         if chunk is None:
-            return m.eof(self.now())
+            return answer.eof(self.now())
         if chunk is TIMEOUT:
-            return m.timed_out(self.now(), late=self.late())
-        return m.data(chunk, self.now())  # type: ignore[arg-type]
+            return answer.timed_out(self.now(), late=self.late())
+        return answer.data(chunk, self.now())  # type: ignore[arg-type]
 
     async def drain(self, act: Finish) -> None:
         if act.drain and self.body is not None:
@@ -526,7 +532,7 @@ async def _run(
     """Drive one answer's machine: yield its events, perform its actions (through ``http``,
     or the least busy of its pools)."""
     now = clock()
-    m = Answer(
+    answer = Answer(
         opts,
         now=now(),
         slots=limits,
@@ -537,7 +543,7 @@ async def _run(
         shared_budget=isinstance(limits, SharedState),
         log=log,
     )
-    mask_http_logs(m.secrets)
+    mask_http_logs(answer.secrets)
     pools: Pools | None = None
     pool, client = 0, None
     if isinstance(http, Pools):
@@ -545,31 +551,35 @@ async def _run(
         client = http.clients[pool]
     else:
         client = http
-    shell = _Shell(m, client, limits)
+    shell = _Shell(answer, client, limits)
     try:
-        act: object = m.start_answer(shell.now())
+        act = answer.start_answer(shell.now())
         while True:
-            if m.events:
-                events, m.events = m.events, []
+            if answer.events:
+                events, answer.events = answer.events, []
                 for ev in events:
                     yield ev
-            if act is READ:
+            if act is READ:  # the per-token path: one identity check
                 act = await shell.read()
                 continue
-            if isinstance(act, Finish):
-                await shell.drain(act)  # after the done event is out: the connection is reused
-                return
-            if isinstance(act, Fail):
-                raise act.error
-            if shell.response is not None and not isinstance(act, ReadBody):
-                await shell.close()  # the attempt is over
-            act = await shell.perform(act)
+            match act:
+                case Finish():
+                    await shell.drain(act)  # after the done event is out: the connection is reused
+                    return
+                case Fail(error=error):
+                    raise error
+                case Read():
+                    act = await shell.read()
+                case _:
+                    if shell.response is not None and not isinstance(act, ReadBody):
+                        await shell.close()  # the attempt is over
+                    act = await shell.perform(act)
     except (StreamError, GeneratorExit):
         raise
     except Exception as exc:
-        raise m.crashed(exc) from exc
+        raise answer.crashed(exc) from exc
     finally:
-        m.abandon()
+        answer.abandon()
         try:
             await shell.shut()
         finally:
