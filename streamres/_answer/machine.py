@@ -477,9 +477,8 @@ class Answer:
         return self._request(now)
 
     def _request(self, now: float) -> Action:
-        """REQUEST: build the next request (a continuation once text was delivered)."""
-        if self.chars and (load := self._needs()):
-            return load
+        """REQUEST: build the next request (a continuation once text was delivered; CHOOSE
+        made sure its tokens are counted)."""
         attempt = self._attempt()
         opts, route = self.opts, attempt.route
         try:

@@ -51,7 +51,8 @@ seam; a failure goes to ``DECIDE``, which asks the policy
 any failure), and a delay it asks for is waited out (BACKOFF). A step that needs a token count
 first makes sure the encoding is loaded: it concludes ``load`` (the action is ``Load``, or
 ``Count`` for a long answer), waits in its own loading state, and ``loaded`` or ``counted``
-runs the step again.
+runs the step again. (REQUEST loads only the encoding of an instruct continuation's model:
+CHOOSE, which every attempt passes, has counted the delivered text.)
 
 What the table cannot say, written as code: which of a step's outcomes comes (the step's
 data); that ``abandon`` (the shell leaving, whichever way), ``crashed`` and ``unbuildable`` are
@@ -92,7 +93,7 @@ class State(enum.Enum):
     CLAIM = "claim"  # step: a concurrency slot, where the client has limits
     SLOT = "slot"  # waiting for a concurrency slot
     REQUEST = "request"  # step: build the request (a continuation once text was delivered)
-    LOAD_REQUEST = "load_request"  # a continuation needs the tokens counted or an encoding
+    LOAD_REQUEST = "load_request"  # an instruct continuation needs its model's encoding
     SENDING = "sending"  # waiting for the response's headers
     HEADERS = "headers"  # step: the response's head says an event stream, or not
     BODY = "body"  # reading the start of a body that is not an event stream
@@ -177,7 +178,7 @@ TABLE: dict[State, dict[Event, State]] = {
         "spent": State.CLOSE,
         "give_up": State.FAILED,
     },
-    State.LOAD_REQUEST: {"loaded": State.REQUEST, "counted": State.REQUEST},
+    State.LOAD_REQUEST: {"loaded": State.REQUEST},
     State.SENDING: {
         "started": State.HEADERS,
         "send_failed": State.OVER,
@@ -223,10 +224,16 @@ def next_state(state: State, event: Event) -> State:
 
 
 def table_markdown() -> str:
-    """The table as the documentation shows it (``docs/how-it-works.md``; a test compares)."""
-    rows = ["| state | event | next state |", "|---|---|---|"]
+    """The table as the documentation shows it, a row a state (``docs/how-it-works.md``; a
+    test compares the two)."""
+    rows = ["| state | kind | event → next state |", "|---|---|---|"]
     for state, row in TABLE.items():
-        for event, new in row.items():
-            kind = "fact" if event in FACTS else "outcome"
-            rows.append(f"| `{state.name}` | `{event}` ({kind}) | `{new.name}` |")
+        if not row:
+            kind = "end"
+        elif any(event in FACTS for event in row):
+            kind = "waits for the shell"
+        else:
+            kind = "runs its step"
+        moves = ", ".join(f"`{event}` → `{new.name}`" for event, new in row.items())
+        rows.append(f"| `{state.name}` | {kind} | {moves or '—'} |")
     return "\n".join(rows)
