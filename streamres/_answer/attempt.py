@@ -10,6 +10,7 @@ and what reads its response are its :class:`Exchange`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from streamres._answer.memory import Slots
@@ -27,27 +28,19 @@ from streamres._providers.wire import HttpRequest, StreamDecoder
 __all__ = ["AttemptState", "Exchange"]
 
 
+@dataclass(slots=True)
 class Exchange:
     """An attempt's request, and what reads its response: the SSE decoder, the provider's
     decoder, the de-duplicator of a continuation, and the body's decompression."""
 
-    __slots__ = ("decoder", "dedup", "headers", "inflater", "request", "sse", "status")
-
-    def __init__(
-        self,
-        request: HttpRequest,
-        decoder: StreamDecoder,
-        dedup: Deduplicator | None,
-        sse: SSEDecoder,
-    ) -> None:
-        self.request = request
-        self.decoder = decoder
-        self.dedup = dedup
-        self.sse = sse
-        self.inflater = Inflater(None)
-        #: The response's head, once it came.
-        self.status = 0
-        self.headers: Mapping[str, str] = {}
+    request: HttpRequest
+    decoder: StreamDecoder
+    dedup: Deduplicator | None
+    sse: SSEDecoder
+    inflater: Inflater = field(default_factory=lambda: Inflater(None))
+    #: The response's head, once it came.
+    status: int = 0
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class AttemptState:

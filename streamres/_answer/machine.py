@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Literal
 
 from streamres._answer import choice, reading, request, telling
@@ -47,6 +46,7 @@ from streamres._answer.reading import ERROR_BODY_LIMIT
 from streamres._answer.reattach import Reattach
 from streamres._answer.seam import SEAM_TRIES, Seam
 from streamres._answer.states import Event, ProtocolError, State, next_state
+from streamres._answer.telling import Closing
 from streamres._core.backoff import after_hint
 from streamres._core.classify import (
     Failure,
@@ -93,16 +93,6 @@ __all__ = [
 DRAIN_SECONDS = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class Closing:
-    """How the answer ends, while its done event waits for a count: the finish reason, the
-    refusal, and whether the body's end is still to be read (``Finish.drain``)."""
-
-    finish_reason: str
-    refusal: str = ""
-    drain: bool = False
-
-
 class Answer:
     """One answer's decisions. See ``states`` for the protocol."""
 
@@ -144,8 +134,6 @@ class Answer:
         self.resumes = 0
         self.seam = Seam()
         self.reattach = Reattach(background=bool(opts.extra_body.get("background")))
-        #: The id the server gave the response that finished the answer (``DoneEvent``).
-        self.response_id = ""
         self.start = now
         self.t_end = now + opts.deadline
         self.stall = StallTimer(fixed=opts.stall_timeout, first=opts.first_token_timeout)
@@ -344,21 +332,10 @@ class Answer:
 
     def _resume(self, now: float) -> Action:
         """Run the step of the state a wait, a load or a count moved the answer to."""
-        match self.state:
-            case State.CHOOSE:
-                return self._choose(now)
-            case State.RECHOOSE:
-                return self._rechoose(now)
-            case State.CLAIM:
-                return self._claim(now)
-            case State.REQUEST:
-                return self._request(now)
-            case State.ACCOUNT:
-                return self._account(now)
-            case State.CLOSE:
-                return self._close(now)
-            case _:
-                raise ProtocolError(f"no step resumes in {self.state.value}")
+        step = _RESUMES.get(self.state)
+        if step is None:
+            raise ProtocolError(f"no step resumes in {self.state.value}")
+        return step(self, now)
 
     def _choose(self, now: float) -> Action:
         """CHOOSE: where the next attempt goes — a model whose circuit lets it through."""
@@ -621,12 +598,14 @@ class Answer:
             )
         )
         if fail is None:
-            self.response_id = decoder.response_id or ""  # the response that finished it
             self.chain.succeeded()
             refusal = "".join(decoder.refusal)
             finish = "length" if delivery.cut else decoder.finish_reason or "stop"
             self._closing = Closing(
-                "refusal" if refusal else finish, refusal, drain=attempt.lingering
+                "refusal" if refusal else finish,
+                refusal,
+                drain=attempt.lingering,
+                response_id=decoder.response_id or "",  # the response that finished it
             )
             self._go("finished")
             return self._close(now)
@@ -702,17 +681,7 @@ class Answer:
         )
         self.attempt = None
         self.events.append(
-            telling.done(
-                delivery,
-                finish_reason=closing.finish_reason,
-                refusal=closing.refusal,
-                model=self.model,
-                history=self.history,
-                resumes=self.resumes,
-                usage=usage,
-                elapsed=elapsed,
-                response_id=self.response_id,
-            )
+            telling.done(delivery, closing, self.model, self.history, self.resumes, usage, elapsed)
         )
         self._go("finish")
         return Finish(drain=closing.drain, until=min(self.t_end, now + DRAIN_SECONDS))
@@ -766,15 +735,8 @@ class Answer:
 
     def _error(self, cls: type[StreamError], message: str, last: Failure | None) -> StreamError:
         self.log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
-        return telling.error(
-            cls,
-            message,
-            last,
-            redactor=self.redactor,
-            partial_text=self.text,
-            history=self.history,
-            model=self.model,
-        )
+        words = self.redactor.redact(message)
+        return telling.error(cls, words, last, self.text, self.history, self.model)
 
     def _header_wait(self, route: Route) -> float:
         """How long this attempt waits for response headers: with another model to go to,
@@ -790,3 +752,14 @@ class Answer:
         if self.reattach.on(self.chain.index) is not None:
             return "replay"
         return self.memory.strategy(self.route, self.opts.extra_body)
+
+
+#: The steps a wait, a load or a count resumes (the states those facts lead to).
+_RESUMES: dict[State, Callable[[Answer, float], Action]] = {
+    State.CHOOSE: Answer._choose,
+    State.RECHOOSE: Answer._rechoose,
+    State.CLAIM: Answer._claim,
+    State.REQUEST: Answer._request,
+    State.ACCOUNT: Answer._account,
+    State.CLOSE: Answer._close,
+}

@@ -46,26 +46,16 @@ class Ended:
     fail: Failure | None
 
 
+@dataclass(slots=True)
 class Reader:
     """One answer's reading: what each read delivers, and whether the attempt ends."""
 
-    __slots__ = ("delivery", "log", "memory", "opts", "seam", "stall")
-
-    def __init__(
-        self,
-        opts: Options,
-        delivery: Delivery,
-        stall: StallTimer,
-        seam: Seam,
-        memory: Memory,
-        log: Log,
-    ) -> None:
-        self.opts = opts
-        self.delivery = delivery
-        self.stall = stall
-        self.seam = seam
-        self.memory = memory
-        self.log = log
+    opts: Options
+    delivery: Delivery
+    stall: StallTimer
+    seam: Seam
+    memory: Memory
+    log: Log
 
     def deliver(self, text: str, out: list[Event]) -> None:
         """What of ``text`` fits the answer's bounds is delivered (``out``: the caller's

@@ -4,6 +4,7 @@ wait for a model, the done event, or the error the answer gives up with. Pure.""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from streamres._answer.delivery import Delivery
 from streamres._core.classify import Failure
@@ -24,7 +25,6 @@ from streamres._core.events import (
 )
 from streamres._core.logs import Log
 from streamres._core.policy import Decision
-from streamres._core.redact import Redactor
 from streamres._core.wording import (
     busy_message,
     fallback_message,
@@ -36,6 +36,7 @@ from streamres._fleet.routes import Route
 
 __all__ = [
     "LOG_EVENT",
+    "Closing",
     "after_failure",
     "busy",
     "done",
@@ -158,22 +159,31 @@ def busy(wait: float, *, probing: bool, capacity: bool, attempt: int, model: str
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """How the answer ends, while its done event waits for a count: the finish reason, the
+    refusal, whether the body's end is still to be read (``Finish.drain``), and the id the
+    server gave the response that finished it."""
+
+    finish_reason: str
+    refusal: str = ""
+    drain: bool = False
+    response_id: str = ""
+
+
 def done(
     delivery: Delivery,
-    *,
-    finish_reason: str,
-    refusal: str,
+    closing: Closing,
     model: str,
     history: Sequence[Attempt],
     resumes: int,
     usage: Usage,
     elapsed: float,
-    response_id: str,
 ) -> DoneEvent:
     """The done event: the whole answer as delivered, its usage and history."""
     return DoneEvent(
         text=delivery.text,
-        finish_reason=finish_reason,
+        finish_reason=closing.finish_reason,
         model=model,
         attempts=len(history),
         resumes=resumes,
@@ -183,9 +193,9 @@ def done(
         elapsed=elapsed,
         tool_calls=delivery.tool_calls,
         thinking="".join(delivery.thinking),
-        refusal=refusal,
+        refusal=closing.refusal,
         join=delivery.join,
-        response_id=response_id,
+        response_id=closing.response_id,
     )
 
 
@@ -193,15 +203,13 @@ def error(
     cls: type[StreamError],
     message: str,
     last: Failure | None,
-    *,
-    redactor: Redactor,
     partial_text: str,
     history: Sequence[Attempt],
     model: str,
 ) -> StreamError:
-    """The error an answer ends with: its words masked, the partial answer in it."""
+    """The error an answer ends with (``message`` masked already), the partial answer in it."""
     return cls(
-        redactor.redact(message),
+        message,
         partial_text=partial_text,
         history=tuple(history),
         model=model,
