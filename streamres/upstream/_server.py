@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
-import functools
 import json
 import socket
 import struct
 import time
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,19 +27,28 @@ import h11
 from ._answers import (
     InstructBehaviour,
     PrefillBehaviour,
-    Reply,
     answer_for,
     plan_reply,
-    sign,
-    split_tokens,
+)
+from ._bodies import (
+    SEND_BATCH,
+    Pace,
+    Reset,
+    bomb,
+    next_event,
+    play,
+    render_clean,
+    send_simple,
+    start_events,
+    stream_body,
 )
 from ._faults import Fault, FaultPlan
 from ._render import AnthropicRender, OpenAIRender, Render, ResponsesRender
+from ._requests import check_tool_shapes, input_messages, malformed
 
 __all__ = ["ModelSpec", "RecordedRequest", "Upstream"]
 
 _MAX_BODY = 8 * 1024 * 1024
-_SEND_BATCH = 32 * 1024
 
 
 @dataclass
@@ -71,164 +78,30 @@ class RecordedRequest:
     #: Tokens streamed before the response ended.
     tokens: int = 0
 
-
-@dataclass(frozen=True, slots=True)
-class _Item:
-    """One piece of a response body: its bytes, the tokens it streams, whether it is a delta
-    (fault positions count deltas), and the content block it belongs to."""
-
-    data: bytes
-    tokens: int = 0
-    delta: bool = False
-    block: int = 0
+    def streamed(self, tokens: int) -> None:
+        """``tokens`` have been streamed so far."""
+        self.tokens = tokens
 
 
-def _script(render: Render, reply: Reply) -> list[_Item]:
-    """Everything a reply streams between the message start and the finish, in order."""
-    items: list[_Item] = []
-    block = 0
-    if reply.thinking:
-        items.append(_Item(render.thinking_start(block), block=block))
-        items += [
-            _Item(render.reasoning(p, block), n, True, block)
-            for p, n in split_tokens(reply.thinking)
-        ]
-        items.append(_Item(render.signature(block, sign(reply.thinking)), block=block))
-        items.append(_Item(render.block_stop(block), block=block))
-        block += 1
-    items.append(_Item(render.text_start(block), block=block))
-    items += [_Item(render.delta(p, block), n, True, block) for p, n in split_tokens(reply.text)]
-    items.append(_Item(render.block_stop(block), block=block))
-    for call, (call_id, name, arguments) in enumerate(reply.tool_calls):
-        block += 1
-        items.append(_Item(render.tool_start(block, call, call_id, name), block=block))
-        items += [
-            _Item(render.tool_args(block, call, arguments[i : i + 12]), 1, True, block)
-            for i in range(0, len(arguments), 12)
-        ]
-        items.append(_Item(render.block_stop(block), block=block))
-    return items
+#: An error answered instead of a stream: status, error type, message, extra headers.
+_Refusal = tuple[int, str | None, str | None, list[tuple[str, str]]]
 
 
-def _render_clean(
-    render: Render, reply: Reply, max_tokens: int | None, input_tokens: int
-) -> tuple[bytes, int]:
-    """A whole fault-free body, and the tokens it streams."""
-    parts = [render.start(input_tokens)]
-    tokens = 0
-    finish = "tool_calls" if reply.tool_calls else "stop"
-    for item in _script(render, reply):
-        if max_tokens is not None and tokens + item.tokens > max_tokens:
-            parts.append(render.block_stop(item.block))
-            finish = "length"
-            break
-        parts.append(item.data)
-        tokens += item.tokens
-    parts.append(render.finish(finish, input_tokens, tokens))
-    return b"".join(parts), tokens
-
-
-def check_tool_shapes(provider: str, body: dict[str, Any]) -> str | None:
-    """The real APIs' rules for tools and tool turns, as they answer them with a 400: each
-    takes only its own shape (OpenAI's nested ``function``, Anthropic's ``input_schema``, the
-    Responses API's flat function tools; ``tool`` turns only on Chat Completions)."""
-    for i, tool in enumerate(body.get("tools") or ()):
-        if not isinstance(tool, dict):
-            return f"tools.{i}: Input should be an object"
-        custom = provider == "anthropic" and tool.get("type") in (None, "custom", "function")
-        if custom and ("input_schema" not in tool or "name" not in tool):
-            return f"tools.{i}.custom.input_schema: Field required"
-        if provider == "openai" and not isinstance(tool.get("function"), dict):
-            return f"Missing required parameter: 'tools[{i}].function'."
-        if provider == "responses" and tool.get("type") == "function" and "name" not in tool:
-            return f"Missing required parameter: 'tools[{i}].name'."
-    messages = body.get("messages") if provider != "responses" else None
-    for i, m in enumerate(messages or ()):
-        if not isinstance(m, dict):
-            continue
-        if provider == "anthropic" and (m.get("role") == "tool" or "tool_calls" in m):
-            return f"messages.{i}: Anthropic takes tool_use and tool_result blocks, not tool turns"
-        content = m.get("content")
-        blocks: list[Any] = content if isinstance(content, list) else []
-        if provider == "openai" and any(
-            isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result") for b in blocks
-        ):
-            return f"Invalid value for 'messages[{i}].content': tool_use blocks are not supported"
-    return None
-
-
-def _malformed(body: Any) -> str | None:
-    """What is wrong with a request body's shape, in the words the real APIs use for a 400;
-    ``None`` when every field this server reads has the type it reads it as."""
-    if not isinstance(body, dict):
-        return "the request body must be a JSON object"
-    kinds: dict[str, tuple[type, ...]] = {
-        "model": (str,),
-        "messages": (list,),
-        "stream": (bool,),
-        "stream_options": (dict,),
-        "max_tokens": (int,),
-        "max_completion_tokens": (int,),
-        "max_output_tokens": (int,),
-        "tools": (list,),
-        "input": (str, list),
-        "system": (str, list),
-        "background": (bool,),
-    }
-    names = {
-        str: "a string",
-        list: "an array",
-        bool: "a boolean",
-        dict: "an object",
-        int: "an integer",
-    }
-    for key, types in kinds.items():
-        value = body.get(key)
-        # A boolean is a Python int, but not a JSON integer.
-        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
-        if value is not None and wrong:
-            want = " or ".join(names[t] for t in types)
-            return f"Invalid type for '{key}': expected {want}, but got {type(value).__name__}."
-    return None
-
-
-def _input_messages(items: Any) -> list[dict[str, Any]]:
-    """The Responses API's ``input`` (a string, or message items) as chat messages."""
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    messages = []
-    for item in items or ():
-        if isinstance(item, dict) and item.get("type") == "function_call":
-            messages.append({"role": "assistant", "content": ""})
-        elif isinstance(item, dict) and item.get("type") == "function_call_output":
-            messages.append({"role": "tool", "content": str(item.get("output", ""))})
-        elif isinstance(item, dict) and "role" in item:
-            content = item.get("content", "")
-            if isinstance(content, list):
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            messages.append({"role": item["role"], "content": content})
-    return messages
-
-
-@functools.cache
-def _bomb() -> bytes:
-    """~2 MiB of gzip that inflates to 1 GiB of keep-alive comment lines (made once).
-
-    One 1 MiB block is compressed after a full flush, which resets the compressor's history,
-    so its compressed form is the same every time and can simply be repeated."""
-    block = (b": " + b"x" * 1021 + b"\n") * 1024  # 1 MiB
-    z = zlib.compressobj(9, zlib.DEFLATED, -15)
-    part = z.compress(block) + z.flush(zlib.Z_FULL_FLUSH)
-    crc = 0
-    for _ in range(1024):
-        crc = zlib.crc32(block, crc)
-    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
-    trailer = struct.pack("<II", crc, (1024 * len(block)) & 0xFFFFFFFF)
-    return header + part * 1024 + z.flush() + trailer
-
-
-class _Reset(Exception):
-    """Drop the connection abruptly (RST), as a crashed server would."""
+def _render_for(
+    provider: Literal["openai", "anthropic", "responses"],
+    model: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
+) -> Render:
+    """How ``provider`` writes this request's stream."""
+    if provider == "openai":
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if headers.get("x-upstream-usage") == "none":  # a server that never reports usage
+            usage = False
+        return OpenAIRender(model, include_usage=usage)
+    if provider == "anthropic":
+        return AnthropicRender(model)
+    return ResponsesRender(model, background=bool(body.get("background")))
 
 
 @dataclass
@@ -381,12 +254,12 @@ class Upstream:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while True:
-                event = await self._next(conn, stream)
+                event = await next_event(conn, stream)
                 if not isinstance(event, h11.Request):
                     return
                 body = b""
                 while True:
-                    part = await self._next(conn, stream)
+                    part = await next_event(conn, stream)
                     if isinstance(part, h11.Data):
                         body += part.data
                         if len(body) > _MAX_BODY:
@@ -402,12 +275,12 @@ class Upstream:
                         message = json.dumps(
                             {"error": {"message": f"internal error: {type(exc).__name__}"}}
                         )
-                        await self._send_simple(conn, stream, 500, message.encode())
+                        await send_simple(conn, stream, 500, message.encode())
                     return
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
-        except _Reset:
+        except Reset:
             raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
             with contextlib.suppress(OSError):
                 raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -426,60 +299,18 @@ class Upstream:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
-    @staticmethod
-    async def _next(conn: h11.Connection, stream: anyio.abc.SocketStream) -> Any:
-        while True:
-            event = conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            try:
-                data = await stream.receive(65536)
-            except anyio.EndOfStream:
-                data = b""
-            conn.receive_data(data)
-
-    async def _send_simple(
-        self,
-        conn: h11.Connection,
-        stream: anyio.abc.SocketStream,
-        status: int,
-        body: bytes,
-        headers: list[tuple[str, str]] | None = None,
-    ) -> None:
-        hdrs = [("content-type", "application/json"), ("content-length", str(len(body)))]
-        await stream.send(
-            conn.send(h11.Response(status_code=status, headers=hdrs + (headers or [])))
-            + conn.send(h11.Data(data=body))
-            + conn.send(h11.EndOfMessage())
-        )
-
-    @staticmethod
-    async def _start_events(
-        conn: h11.Connection,
-        stream: anyio.abc.SocketStream,
-        extra: list[tuple[str, str]] | None = None,
-    ) -> None:
-        """The head of a 200 event stream (its body follows in chunks)."""
-        headers = [
-            ("content-type", "text/event-stream; charset=utf-8"),
-            ("cache-control", "no-cache"),
-            ("transfer-encoding", "chunked"),
-            *(extra or []),
-        ]
-        await stream.send(conn.send(h11.Response(status_code=200, headers=headers)))
-
     async def _respond(
         self, conn: h11.Connection, stream: anyio.abc.SocketStream, req: h11.Request, raw: bytes
     ) -> None:
         path = req.target.decode("latin-1").split("?")[0]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in req.headers}
         if req.method == b"GET" and path in ("/", "/health"):
-            await self._send_simple(conn, stream, 200, b'{"status":"ok"}')
+            await send_simple(conn, stream, 200, b'{"status":"ok"}')
             return
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
-            await self._send_simple(conn, stream, 400, b'{"error":{"message":"invalid JSON"}}')
+            await send_simple(conn, stream, 400, b'{"error":{"message":"invalid JSON"}}')
             return
         if path == "/_control/faults":
             spec = self.models.setdefault(body["model"], ModelSpec()) if body.get("model") else None
@@ -487,7 +318,7 @@ class Upstream:
             plan.push(str(body.get("faults", "")))
             if spec is not None:
                 spec.faults = plan
-            await self._send_simple(conn, stream, 200, b'{"ok":true}')
+            await send_simple(conn, stream, 200, b'{"ok":true}')
             return
         provider: Literal["openai", "anthropic", "responses"]
         if req.method == b"GET" and "/responses/" in path:
@@ -504,12 +335,12 @@ class Upstream:
         elif path.endswith("/responses"):
             provider = "responses"
         else:
-            await self._send_simple(conn, stream, 404, b'{"error":{"message":"not found"}}')
+            await send_simple(conn, stream, 404, b'{"error":{"message":"not found"}}')
             return
-        wrong = _malformed(body)
+        wrong = malformed(body)
         if wrong is not None:
             message = json.dumps({"error": {"message": wrong, "type": "invalid_request_error"}})
-            await self._send_simple(conn, stream, 400, message.encode())
+            await send_simple(conn, stream, 400, message.encode())
             return
         await self._chat(conn, stream, provider, path, headers, body)
 
@@ -529,76 +360,19 @@ class Upstream:
         fault = plan.next()
         record = RecordedRequest(path, headers, body, model, str(fault), at=time.monotonic())
         self.requests.append(record)
-        render: Render
-        if provider == "openai":
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            if headers.get("x-upstream-usage") == "none":  # a server that never reports usage
-                usage = False
-            render = OpenAIRender(model, include_usage=usage)
-        elif provider == "anthropic":
-            render = AnthropicRender(model)
-        else:
-            render = ResponsesRender(model, background=bool(body.get("background")))
-
-        async def refuse(
-            status: int,
-            error_type: str | None = None,
-            message: str | None = None,
-            extra: list[tuple[str, str]] | None = None,
-        ) -> None:
-            record.status = status
-            await self._send_simple(
-                conn, stream, status, render.error_body(status, error_type, message), extra
-            )
-
+        render = _render_for(provider, model, headers, body)
         messages = list(body.get("messages") or [])
         if provider == "responses":
-            messages = _input_messages(body.get("input"))
+            messages = input_messages(body.get("input"))
             body = {k: v for k, v in body.items() if k != "reasoning"}
         if provider == "anthropic" and body.get("system"):
             messages.insert(0, {"role": "system", "content": body["system"]})
-        if not messages or (provider == "anthropic" and "max_tokens" not in body):
-            await refuse(400, message="messages and (for /v1/messages) max_tokens are required")
-            return
-
-        shape = check_tool_shapes(provider, body)
-        if shape is not None:
-            await refuse(400, "invalid_request_error", shape)
-            return
-
-        limit = spec.max_in_flight if spec.max_in_flight is not None else self.max_in_flight
-        if limit is not None and self._counters.in_flight.get(model, 0) >= limit:
-            hint = self.quota_retry_after
-            await refuse(
-                429,
-                "rate_limit_error",
-                "Too many concurrent requests for this model",
-                [("retry-after", f"{hint:g}")] if hint is not None else None,
-            )
-            return
-
-        if fault.kind in ("status", "at-capacity"):
-            extra: list[tuple[str, str]] = []
-            if fault.retry_after_ms is not None:
-                extra.append(("retry-after-ms", f"{fault.retry_after_ms:g}"))
-            if fault.retry_after is not None:
-                extra.append(("retry-after", f"{fault.retry_after:g}"))
-            if fault.retry_after_date is not None:
-                extra.append(
-                    (
-                        "retry-after",
-                        email.utils.formatdate(time.time() + fault.retry_after_date, usegmt=True),
-                    )
-                )
-            if fault.kind == "at-capacity":
-                await refuse(
-                    503,
-                    "server_is_overloaded",
-                    "Selected model is at capacity. Please try a different model.",
-                    extra,
-                )
-            else:
-                await refuse(fault.status, fault.error_type, fault.message, extra)
+        refusal = self._refusal(provider, model, spec, fault, body, messages)
+        if refusal is not None:
+            status, error_type, message, extra = refusal
+            record.status = status
+            error = render.error_body(status, error_type, message)
+            await send_simple(conn, stream, status, error, extra)
             return
 
         reply = plan_reply(
@@ -611,7 +385,9 @@ class Upstream:
             words=int(headers.get("x-upstream-words", self.words)),
         )
         if reply.rejection is not None:
-            await refuse(400, *reply.rejection)
+            record.status = 400
+            error = render.error_body(400, *reply.rejection)
+            await send_simple(conn, stream, 400, error)
             return
 
         max_tokens = body.get(
@@ -626,42 +402,88 @@ class Upstream:
         serial = self._enter(model)
         try:
             if fault.kind == "bomb":
-                await self._start_events(conn, stream, [("content-encoding", "gzip")])
-                await stream.send(conn.send(h11.Data(data=_bomb())))
+                await start_events(conn, stream, [("content-encoding", "gzip")])
+                await stream.send(conn.send(h11.Data(data=bomb())))
                 await stream.send(conn.send(h11.EndOfMessage()))
                 return
-            await self._start_events(conn, stream)
+            await start_events(conn, stream)
             if fault.kind == "empty":
                 await stream.send(conn.send(h11.EndOfMessage()))
                 return
             if isinstance(render, ResponsesRender) and render.background:
                 # A background response is generated whole, whatever happens to this stream,
                 # and kept for re-attaching.
-                _, record.tokens = _render_clean(render, reply, max_tokens, input_tokens)
+                _, record.tokens = render_clean(render, reply, max_tokens, input_tokens)
                 self._stored[render.id] = list(render.log)
-                await self._play(conn, stream, render.log, fault, delay, render)
+                await play(conn, stream, render.log, fault, delay, render, self._pace())
                 return
             if fault.kind == "ok" and delay <= 0 and not each and not self.stamp:
                 # Fault-free and as fast as possible (benchmarks): render once, then only send.
                 key = (provider, model, render.include_usage, reply, max_tokens)
                 cached = self._bodies.get(key)
                 if cached is None:
-                    cached = self._bodies[key] = _render_clean(
+                    cached = self._bodies[key] = render_clean(
                         render, reply, max_tokens, input_tokens
                     )
                     while len(self._bodies) > 8:
                         self._bodies.pop(next(iter(self._bodies)))
                 payload, record.tokens = cached
-                for at in range(0, len(payload), _SEND_BATCH):
-                    chunk = payload[at : at + _SEND_BATCH]
+                for at in range(0, len(payload), SEND_BATCH):
+                    chunk = payload[at : at + SEND_BATCH]
                     await stream.send(conn.send(h11.Data(data=chunk)))
                 await stream.send(conn.send(h11.EndOfMessage()))
                 return
-            await self._stream_body(
-                conn, stream, render, reply, fault, max_tokens, input_tokens, delay, record, each
+            await stream_body(
+                conn,
+                stream,
+                render,
+                reply,
+                fault,
+                max_tokens,
+                input_tokens,
+                delay,
+                self._pace(),
+                record.streamed,
+                each,
             )
         finally:
             self._leave(model, serial)
+
+    def _refusal(
+        self,
+        provider: str,
+        model: str,
+        spec: ModelSpec,
+        fault: Fault,
+        body: dict[str, Any],
+        messages: list[dict[str, Any]],
+    ) -> _Refusal | None:
+        """Why this request is answered with an error instead of a stream, if it is: a bad
+        request, the model's concurrency quota, or a status fault."""
+        if not messages or (provider == "anthropic" and "max_tokens" not in body):
+            return 400, None, "messages and (for /v1/messages) max_tokens are required", []
+        shape = check_tool_shapes(provider, body)
+        if shape is not None:
+            return 400, "invalid_request_error", shape, []
+        limit = spec.max_in_flight if spec.max_in_flight is not None else self.max_in_flight
+        if limit is not None and self._counters.in_flight.get(model, 0) >= limit:
+            hint = self.quota_retry_after
+            hints = [("retry-after", f"{hint:g}")] if hint is not None else []
+            return 429, "rate_limit_error", "Too many concurrent requests for this model", hints
+        if fault.kind not in ("status", "at-capacity"):
+            return None
+        extra: list[tuple[str, str]] = []
+        if fault.retry_after_ms is not None:
+            extra.append(("retry-after-ms", f"{fault.retry_after_ms:g}"))
+        if fault.retry_after is not None:
+            extra.append(("retry-after", f"{fault.retry_after:g}"))
+        if fault.retry_after_date is not None:
+            date = email.utils.formatdate(time.time() + fault.retry_after_date, usegmt=True)
+            extra.append(("retry-after", date))
+        if fault.kind == "at-capacity":
+            message = "Selected model is at capacity. Please try a different model."
+            return 503, "server_is_overloaded", message, extra
+        return fault.status, fault.error_type, fault.message, extra
 
     async def _replay(
         self,
@@ -683,38 +505,17 @@ class Upstream:
         if events is None or status != 200:
             record.status = status if events is not None else 404
             message = None if events is not None else f"Response with id '{response_id}' not found."
-            await self._send_simple(
+            await send_simple(
                 conn, stream, record.status, render.error_body(record.status, None, message)
             )
             return
         after = int(query.get("starting_after", "-1") or -1)
-        await self._start_events(conn, stream)
-        await self._play(conn, stream, [e for e in events if e[0] > after], fault, 0.0, render)
+        await start_events(conn, stream)
+        later = [e for e in events if e[0] > after]
+        await play(conn, stream, later, fault, 0.0, render, self._pace())
 
-    async def _play(
-        self,
-        conn: h11.Connection,
-        stream: anyio.abc.SocketStream,
-        events: list[tuple[int, bytes, bool]],
-        fault: Fault,
-        delay: float,
-        render: Render,
-    ) -> None:
-        """Send stored events, with a mid-stream fault after ``fault.after`` text deltas."""
-        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty", "bomb")
-        deltas = 0
-        for _, data, is_delta in events:
-            if is_delta:
-                if midstream and deltas >= fault.after:
-                    break
-                deltas += 1
-            await stream.send(conn.send(h11.Data(data=data)))
-            if is_delta and delay > 0:
-                await anyio.sleep(delay)
-        else:
-            await stream.send(conn.send(h11.EndOfMessage()))
-            return
-        await self._end_with_fault(conn, stream, render, fault)
+    def _pace(self) -> Pace:
+        return Pace(self.stall_seconds, self.ping_interval, self.stamp)
 
     def _enter(self, model: str) -> int:
         c = self._counters
@@ -748,94 +549,3 @@ class Upstream:
         """Return once no answer is being streamed (tests: a client's close reached here)."""
         while self.in_flight():
             await self._a_stream_ended()
-
-    async def _stream_body(
-        self,
-        conn: h11.Connection,
-        stream: anyio.abc.SocketStream,
-        render: Render,
-        reply: Reply,
-        fault: Fault,
-        max_tokens: int | None,
-        input_tokens: int,
-        delay: float,
-        record: RecordedRequest,
-        each: bool = False,
-    ) -> None:
-        buf = bytearray(render.start(input_tokens))
-
-        async def flush() -> None:
-            if buf:
-                await stream.send(conn.send(h11.Data(data=bytes(buf))))
-                buf.clear()
-
-        # A slow answer pauses and goes on: the rest of it is a normal answer's.
-        slow = fault.kind == "slow"
-        midstream = fault.kind not in ("ok", "status", "at-capacity", "empty", "bomb", "slow")
-        emitted = tokens = 0  # deltas (what fault positions count) and tokens
-        finish = "tool_calls" if reply.tool_calls else "stop"
-        for item in _script(render, reply):
-            if item.delta and midstream and emitted >= fault.after:
-                break
-            if item.delta and slow and emitted >= fault.after:
-                slow = False
-                await flush()
-                until = anyio.current_time() + self.stall_seconds
-                while anyio.current_time() < until:
-                    await anyio.sleep(
-                        max(0.0, min(self.ping_interval, until - anyio.current_time()))
-                    )
-                    await stream.send(conn.send(h11.Data(data=render.ping())))
-            if max_tokens is not None and tokens + item.tokens > max_tokens:
-                buf += render.block_stop(item.block)
-                finish = "length"
-                break
-            if self.stamp and item.delta:
-                buf += render.delta(f"{time.monotonic():.6f} ", item.block)
-            else:
-                buf += item.data
-            if not item.delta:
-                continue
-            emitted += 1
-            tokens += item.tokens
-            record.tokens = tokens
-            if delay > 0:
-                await flush()
-                await anyio.sleep(delay)
-            elif each or len(buf) >= _SEND_BATCH:
-                await flush()
-        if not midstream:
-            buf += render.finish(finish, input_tokens, tokens)
-            await flush()
-            await stream.send(conn.send(h11.EndOfMessage()))
-            return
-        await flush()
-        await self._end_with_fault(conn, stream, render, fault)
-
-    async def _end_with_fault(
-        self, conn: h11.Connection, stream: anyio.abc.SocketStream, render: Render, fault: Fault
-    ) -> None:
-        """End a response the way ``fault`` says, once its deltas have been sent."""
-        kind = fault.kind
-        tail = b""
-        if kind in ("error", "error-openrouter"):
-            tail = render.in_band_error(kind, fault.error_type, fault.message)
-        elif kind == "malformed":
-            tail = render.malformed()
-        elif kind == "done-no-finish":
-            tail = render.terminator_without_finish()
-        elif kind == "flood":
-            # data: lines that never end their event, until the client gives up.
-            line = b"data: " + b"x" * 65_000 + b"\n"
-            while True:
-                await stream.send(conn.send(h11.Data(data=line)))
-        elif kind == "stall":
-            until = anyio.current_time() + self.stall_seconds
-            while anyio.current_time() < until:
-                await anyio.sleep(self.ping_interval)
-                await stream.send(conn.send(h11.Data(data=render.ping())))
-        if kind in ("reset", "stall"):
-            raise _Reset
-        if tail:
-            await stream.send(conn.send(h11.Data(data=tail)))
-        await stream.send(conn.send(h11.EndOfMessage()))  # truncate: a clean end, no terminator
