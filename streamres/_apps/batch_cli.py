@@ -1,5 +1,6 @@
 """``streamres batch requests.jsonl -o results.jsonl``: a batch through a resilient client, at
-low priority, resumable. Uses only the public API (``streamres.run_batch``).
+low priority, resumable. Uses the public API (``streamres.run_batch``) and the apps' seam
+(``_shell/apps``: the command line's parser, where answers come from).
 
 The progress goes to standard error — a Rich display on a terminal, one plain line per answer
 otherwise — and the summary to standard output. Exit code 0 when every request was answered,
@@ -20,10 +21,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 import streamres
-from streamres._core.wording import plural
-from streamres._shell.cliargs import Parser, positive_int
-from streamres.chat import DEFAULT_MODELS, add_target_arguments, offline_refusal, real_target
-from streamres.chat.app import embedded
+from streamres._shell.apps import (
+    DEFAULT_MODELS,
+    Parser,
+    add_target_arguments,
+    offline_refusal,
+    plural,
+    positive_int,
+    real_target,
+)
+from streamres.chat import embedded
 
 __all__ = ["main", "parser"]
 

@@ -1,6 +1,8 @@
-"""The ``streamres`` command: ``ask`` one question, ``serve`` the embedded upstream.
+"""The ``streamres`` command: ``ask`` one question, ``serve`` the embedded upstream, and the
+door to ``chat``, ``proxy``, ``batch`` and ``bench``.
 
-Uses only the public API, like any application would.
+Uses the public API, like any application would, and what the apps share beyond it
+(``_shell/apps``: the command line's parser and where answers come from).
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ import anyio
 import structlog
 
 import streamres
-from streamres._core.wording import plural
-from streamres._shell.cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
-from streamres.chat import DEFAULT_MODELS, add_target_arguments, offline_refusal, real_target
+from streamres._shell.apps import (
+    DEFAULT_MODELS,
+    Parser,
+    add_target_arguments,
+    offline_refusal,
+    plural,
+    port,
+    positive_int,
+    positive_seconds,
+    real_target,
+    seconds_or_zero,
+)
 from streamres.upstream import PRESETS, FaultPlan, Upstream
 
 __all__ = ["main"]
@@ -294,15 +305,13 @@ def _proxy_parser() -> argparse.ArgumentParser:
 def _proxy(argv: list[str], verbose: bool = False) -> int:
     args = _proxy_parser().parse_args(argv)
     _configure_logs(verbose)
-    from streamres import InvalidRequest
-    from streamres.proxy import ConfigError, load, serve
-    from streamres.proxy.serve import embedded_models, require_server, serve_workers
+    from streamres import InvalidRequest, proxy
 
     try:
-        require_server(args.server)  # before anything starts: one line if it is not installed
-        config = load(args.config) if args.config else None
+        proxy.require_server(args.server)  # before anything starts: one line if not installed
+        config = proxy.load(args.config) if args.config else None
         if config is None:
-            embedded_models(args.faults)  # a plan that does not parse: one line, exit 2
+            proxy.embedded_models(args.faults)  # a plan that does not parse: one line, exit 2
         if args.workers > 1:
             if config is None:
                 print(
@@ -311,10 +320,10 @@ def _proxy(argv: list[str], verbose: bool = False) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            serve_workers(args.config, args.redis, args.host, args.port, args.workers)
+            proxy.serve_workers(args.config, args.redis, args.host, args.port, args.workers)
             return 0
-        anyio.run(serve, config, args.host, args.port, args.faults, args.server, args.redis)
-    except (ConfigError, InvalidRequest, ValueError) as exc:
+        anyio.run(proxy.serve, config, args.host, args.port, args.faults, args.server, args.redis)
+    except (proxy.ConfigError, InvalidRequest, ValueError) as exc:
         print(f"streamres proxy: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

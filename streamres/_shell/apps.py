@@ -1,8 +1,9 @@
 """What the apps built on the library take from it beyond its public API, in one place.
 
-The terminal chat (``streamres.chat``) and the proxy (``streamres.proxy``) use ``streamres``'s
-public names and these; they reach no deeper (``tests/faces/test_layers.py`` holds them to it). Each
-name is documented where it is defined; this module only gathers them.
+The terminal chat (``streamres.chat``), the proxy (``streamres.proxy``) and the command line
+(``streamres._apps``) use ``streamres``'s public names and these; they reach no deeper
+(``tests/faces/test_layers.py`` holds them to it). Each name is documented where it is
+defined; this module only gathers them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,18 @@ from streamres._core.bounds import ANSWER
 from streamres._core.lanes import NORMAL, parse_priority
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT, HEADERS
-from streamres._shell.cliargs import Parser, port, positive_int, positive_seconds, seconds_or_zero
+from streamres._core.wording import plural
+from streamres._shell.cliargs import (
+    DEFAULT_MODELS,
+    Parser,
+    add_target_arguments,
+    offline_refusal,
+    port,
+    positive_int,
+    positive_seconds,
+    real_target,
+    seconds_or_zero,
+)
 from streamres._shell.extras import install_hint, installed, require
 from streamres._shell.log import log
 from streamres._shell.shared import SharedState
@@ -21,21 +33,26 @@ from streamres._shell.tracing import otel_installed
 
 __all__ = [
     "ANSWER",
+    "DEFAULT_MODELS",
     "FIRST_OUTPUT",
     "HEADERS",
     "KNOWN_ARGUMENTS",
     "NORMAL",
     "Parser",
     "SharedState",
+    "add_target_arguments",
     "install_hint",
     "installed",
     "load_counter",
     "log",
+    "offline_refusal",
     "otel_installed",
     "parse_priority",
+    "plural",
     "port",
     "positive_int",
     "positive_seconds",
+    "real_target",
     "redact_url",
     "require",
     "seconds_or_zero",

@@ -1,14 +1,32 @@
-"""Command-line parsing shared by ``streamres ask``, ``serve`` and ``chat``: every option with
-its help and default, and a bad value answered in one line (exit 2), not a usage dump."""
+"""The command line's one room for what its commands share: a parser whose bad values are
+answered in one line (exit 2), not a usage dump, and whose help shows each default; the number
+types; and where answers come from — a real service named by flags or the environment, or the
+embedded upstream (``add_target_arguments``, ``real_target``, ``offline_refusal``). Each
+command declares its own options where it lives (``_apps/cli.py``, ``_apps/batch_cli.py``, the
+chat's ``parser``); the apps reach this room through ``_shell/apps``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
-__all__ = ["Parser", "port", "positive_int", "positive_seconds", "seconds_or_zero"]
+__all__ = [
+    "DEFAULT_MODELS",
+    "Parser",
+    "add_target_arguments",
+    "offline_refusal",
+    "port",
+    "positive_int",
+    "positive_seconds",
+    "real_target",
+    "seconds_or_zero",
+]
+
+#: The model asked of a real service when none is named.
+DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5"}
 
 
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -62,3 +80,81 @@ def port(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{text} is not a port number (0-65535)")
     return value
+
+
+def real_target(
+    args: argparse.Namespace,
+) -> tuple[Literal["openai", "anthropic"], str | None, str | None] | None:
+    """``(provider, base_url, api_key)`` of the real service the flags or the environment
+    point at, or ``None`` for the embedded upstream (also used by ``streamres ask``)."""
+    if args.embedded:
+        return None
+    if args.base_url or args.api_key:
+        return (args.provider or "openai", args.base_url, args.api_key)
+    if args.provider in (None, "openai") and (
+        os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")
+    ):
+        return ("openai", None, None)
+    if args.provider in (None, "anthropic") and os.environ.get("ANTHROPIC_API_KEY"):
+        return ("anthropic", None, None)
+    return None
+
+
+def offline_refusal(args: argparse.Namespace) -> str | None:
+    """Why the offline demo must not answer these flags, or ``None``: a model or provider named
+    without a key or base URL is a person expecting that service, and the embedded upstream's
+    canned answers must never pass for it. ``--embedded`` (or a ``demo-*`` name) asks the demo
+    on purpose."""
+    if args.embedded or real_target(args) is not None:
+        return None
+    named = [m for m in args.model or () if not m.startswith("demo-")]
+    if not named and args.provider is None:
+        return None
+    what = f"model {named[0]}" if named else f"provider {args.provider}"
+    key = "ANTHROPIC_API_KEY" if args.provider == "anthropic" else "OPENAI_API_KEY"
+    return (
+        f"{what} is a real service and no key or base URL is set: set {key} (or pass "
+        "--api-key / --base-url); add --embedded to ask the offline demo upstream instead "
+        "(canned answers, not a real model)"
+    )
+
+
+def add_target_arguments(p: argparse.ArgumentParser, *, token_delay: float) -> None:
+    """Where answers come from: a real service, or the embedded upstream and its faults."""
+    p.add_argument(
+        "--provider",
+        choices=["openai", "anthropic"],
+        help="API of the real service (default: openai, or anthropic with only ANTHROPIC_API_KEY)",
+    )
+    p.add_argument("--base-url", help="a real server's URL (default: $OPENAI_BASE_URL)")
+    p.add_argument("--api-key", help="its key (default: $OPENAI_API_KEY / $ANTHROPIC_API_KEY)")
+    p.add_argument(
+        "--model",
+        action="append",
+        help="model name; repeat for a fallback chain (embedded default: demo-large)",
+    )
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        help="the offline embedded upstream, even if keys are set or --model names a real model",
+    )
+    p.add_argument(
+        "--faults",
+        default="storm",
+        help="embedded upstream faults: none, light, storm, or a plan such as 529,reset@40",
+    )
+    p.add_argument(
+        "--token-delay",
+        type=seconds_or_zero,
+        default=token_delay,
+        help="embedded upstream seconds per token",
+    )
+    p.add_argument(
+        "--words", type=positive_int, default=120, help="embedded upstream answer length"
+    )
+    p.add_argument(
+        "--deadline",
+        type=positive_seconds,
+        default=120.0,
+        help="seconds for the whole answer, retries and resumes included",
+    )

@@ -38,7 +38,7 @@ from streamres._shell.hedge import hedged
 from streamres._shell.limits import Limits
 from streamres._shell.log import log
 from streamres._shell.shared import SharedState, SharedStatus
-from streamres._shell.shared.cache import SharedAnswers
+from streamres._shell.shared.cache import SharedCache
 from streamres._shell.shared.servers import Servers
 from streamres._shell.stream import (
     POOLS,
@@ -223,7 +223,7 @@ class Client:
         tg.start_soon(state.lag.watch)
         if self._flights is not None:
             flights = self._flights
-            answers = SharedAnswers(state, flights.cache)
+            answers = SharedCache(state, flights.cache)
             if flights.semantic is not None:
                 answers.on_question = flights.index.add
                 await answers.load_questions()

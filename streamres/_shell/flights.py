@@ -34,7 +34,7 @@ from streamres._core.errors import DeadlineExceeded, StreamError
 from streamres._core.events import DoneEvent, Event, TextEvent, Usage
 from streamres._core.semantic import Match, SemanticIndex, normalise
 from streamres._shell.embedder import Embedder
-from streamres._shell.shared.cache import SharedAnswers
+from streamres._shell.shared.cache import SharedCache
 
 __all__ = ["Flights", "Question"]
 
@@ -87,7 +87,7 @@ class Flights:
         self.in_flight = SemanticIndex(cache.max_entries)
         self.embedder = Embedder(cache.semantic.embed if cache.semantic else None)
         #: The fleet's cache, with ``shared=`` (set while shared state is running).
-        self.remote: SharedAnswers | None = None
+        self.remote: SharedCache | None = None
 
     def stream(
         self,

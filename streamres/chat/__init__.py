@@ -11,24 +11,15 @@ string, English and Chinese), ``render`` (Markdown styler, status line, tables),
 (prompt_toolkit input, keys held during an answer), ``app`` (the session and its commands).
 """
 
-from streamres.chat.app import (
-    DEFAULT_MODELS,
-    add_target_arguments,
-    main,
-    offline_refusal,
-    parser,
-    real_target,
-)
+from streamres.chat.app import embedded, main, parser, run
 from streamres.chat.render import MarkdownStyler
 from streamres.chat.words import status_line
 
 __all__ = [
-    "DEFAULT_MODELS",
     "MarkdownStyler",
-    "add_target_arguments",
+    "embedded",
     "main",
-    "offline_refusal",
     "parser",
-    "real_target",
+    "run",
     "status_line",
 ]

@@ -14,7 +14,14 @@ from typing import Any, Literal
 import anyio
 
 import streamres
-from streamres._shell.apps import Parser, positive_int, positive_seconds, seconds_or_zero
+from streamres._shell.apps import (
+    DEFAULT_MODELS,
+    Parser,
+    add_target_arguments,
+    offline_refusal,
+    positive_seconds,
+    real_target,
+)
 from streamres.chat.keys import Prompt, held_keys
 from streamres.chat.render import Screen, table
 from streamres.chat.words import (
@@ -28,11 +35,10 @@ from streamres.chat.words import (
 )
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
 
-__all__ = ["DEFAULT_MODELS", "add_target_arguments", "main", "parser", "real_target"]
+__all__ = ["embedded", "main", "parser", "run"]
 
 LARGE, SMALL = "demo-large", "demo-small"
 COMMANDS = ("/models", "/health", "/stats", "/faults", "/retry", "/save", "/help", "/quit")
-DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5"}
 
 
 @dataclass
@@ -342,43 +348,6 @@ async def _cancel_on_sigint(scope: anyio.CancelScope) -> None:
             return
 
 
-def real_target(
-    args: argparse.Namespace,
-) -> tuple[Literal["openai", "anthropic"], str | None, str | None] | None:
-    """``(provider, base_url, api_key)`` of the real service the flags or the environment
-    point at, or ``None`` for the embedded upstream (also used by ``streamres ask``)."""
-    if args.embedded:
-        return None
-    if args.base_url or args.api_key:
-        return (args.provider or "openai", args.base_url, args.api_key)
-    if args.provider in (None, "openai") and (
-        os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")
-    ):
-        return ("openai", None, None)
-    if args.provider in (None, "anthropic") and os.environ.get("ANTHROPIC_API_KEY"):
-        return ("anthropic", None, None)
-    return None
-
-
-def offline_refusal(args: argparse.Namespace) -> str | None:
-    """Why the offline demo must not answer these flags, or ``None``: a model or provider named
-    without a key or base URL is a person expecting that service, and the embedded upstream's
-    canned answers must never pass for it. ``--embedded`` (or a ``demo-*`` name) asks the demo
-    on purpose."""
-    if args.embedded or real_target(args) is not None:
-        return None
-    named = [m for m in args.model or () if not m.startswith("demo-")]
-    if not named and args.provider is None:
-        return None
-    what = f"model {named[0]}" if named else f"provider {args.provider}"
-    key = "ANTHROPIC_API_KEY" if args.provider == "anthropic" else "OPENAI_API_KEY"
-    return (
-        f"{what} is a real service and no key or base URL is set: set {key} (or pass "
-        "--api-key / --base-url); add --embedded to ask the offline demo upstream instead "
-        "(canned answers, not a real model)"
-    )
-
-
 def embedded_faults(spec: str, seed: int, lang: str = "en") -> tuple[FaultPlan, FaultPlan, str]:
     """Fault plans for the two demo models, and their label; the default storm shows a retry,
     a resume and a fallback in the first answer, then keeps a sustained, lighter storm going."""
@@ -518,47 +487,6 @@ async def _loop(session: Session, prompt: Prompt) -> int:
             continue
         last_question = line
         await session.answer(line)
-
-
-def add_target_arguments(p: argparse.ArgumentParser, *, token_delay: float) -> None:
-    """Where answers come from: a real service, or the embedded upstream and its faults."""
-    p.add_argument(
-        "--provider",
-        choices=["openai", "anthropic"],
-        help="API of the real service (default: openai, or anthropic with only ANTHROPIC_API_KEY)",
-    )
-    p.add_argument("--base-url", help="a real server's URL (default: $OPENAI_BASE_URL)")
-    p.add_argument("--api-key", help="its key (default: $OPENAI_API_KEY / $ANTHROPIC_API_KEY)")
-    p.add_argument(
-        "--model",
-        action="append",
-        help="model name; repeat for a fallback chain (embedded default: demo-large)",
-    )
-    p.add_argument(
-        "--embedded",
-        action="store_true",
-        help="the offline embedded upstream, even if keys are set or --model names a real model",
-    )
-    p.add_argument(
-        "--faults",
-        default="storm",
-        help="embedded upstream faults: none, light, storm, or a plan such as 529,reset@40",
-    )
-    p.add_argument(
-        "--token-delay",
-        type=seconds_or_zero,
-        default=token_delay,
-        help="embedded upstream seconds per token",
-    )
-    p.add_argument(
-        "--words", type=positive_int, default=120, help="embedded upstream answer length"
-    )
-    p.add_argument(
-        "--deadline",
-        type=positive_seconds,
-        default=120.0,
-        help="seconds for the whole answer, retries and resumes included",
-    )
 
 
 def parser(prog: str = "streamres chat") -> argparse.ArgumentParser:

@@ -9,6 +9,22 @@ call), ``outbound`` (events → the client's own wire format), ``app`` (the ASGI
 
 from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, ConfigError, load
-from streamres.proxy.serve import running, serve
+from streamres.proxy.serve import (
+    embedded_models,
+    require_server,
+    running,
+    serve,
+    serve_workers,
+)
 
-__all__ = ["Config", "ConfigError", "Proxy", "load", "running", "serve"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Proxy",
+    "embedded_models",
+    "load",
+    "require_server",
+    "running",
+    "serve",
+    "serve_workers",
+]

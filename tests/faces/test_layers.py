@@ -31,6 +31,8 @@ FLOORS: dict[str, int] = {
 
 #: What the public apps may import of the library.
 APP_NAMES = ("streamres", "streamres.prometheus", "streamres.upstream", "streamres._shell.apps")
+#: The apps' own public faces, which the command line opens.
+FACES = ("streamres.chat", "streamres.proxy", "streamres.benchmarks")
 
 
 def _named(path: pathlib.Path) -> list[str]:
@@ -124,16 +126,18 @@ def test_no_module_imports_itself_back() -> None:
 
 
 def test_the_apps_use_the_public_names() -> None:
-    """The terminal chat and the proxy import the public package, the embedded upstream,
-    ``_shell.apps`` and their own rooms — nothing private beyond that."""
+    """The terminal chat, the proxy and the command line import the public package, the
+    embedded upstream, ``_shell.apps`` and their own rooms (the command line also the other
+    apps' public faces) — nothing private beyond that."""
     graph = _imports()
     reached = [
         f"{a} -> {b}"
         for a, targets in graph.items()
-        if _room(a) in ("streamres.chat", "streamres.proxy")
+        if _room(a) in ("streamres.chat", "streamres.proxy", "streamres._apps")
         for b in targets
         if _room(b) != _room(a)
         and not any(b == n or (n != "streamres" and b.startswith(n + ".")) for n in APP_NAMES)
+        and not (_room(a) == "streamres._apps" and b in FACES)
     ]
     assert reached == []
 

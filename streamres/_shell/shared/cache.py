@@ -32,7 +32,7 @@ from streamres._core.events import Event
 from streamres._shell.log import log
 from streamres._shell.shared.scripts import script
 
-__all__ = ["SharedAnswers"]
+__all__ = ["SharedCache"]
 
 #: A kept question: its context's hash, its text and its vector (if it was embedded).
 Asked = tuple[str, str, Sequence[float] | None]
@@ -44,7 +44,7 @@ Asked = tuple[str, str, Sequence[float] | None]
 _PUT = script("cache_put")
 
 
-class SharedAnswers:
+class SharedCache:
     """Kept answers (and semantic-cache questions) for every process sharing ``state``."""
 
     def __init__(self, state: Any, cache: Cache) -> None:
