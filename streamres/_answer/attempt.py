@@ -260,7 +260,7 @@ class AttemptState:
             fleet.abandoned(self.index)
         self.books = "recorded"
         if self.ticket:
-            fleet.budget.refund()
+            fleet.refund()
             self.ticket = False
         if slots is not None:
             if self.slot:

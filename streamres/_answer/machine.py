@@ -410,14 +410,14 @@ class Answer:
         attempt = self._attempt()
         turn = 0.0
         if attempt.number == 1:
-            self.fleet.budget.deposit(now)
+            self.fleet.deposit(now)
         elif self.last is None or self.last.kind != "client_busy":
             # (A retry of this side's failure is not the budget's.)
             attempt.hold_ticket()
             if self.shared_budget:
                 self._go("reserve")
                 return Reserve()
-            turn = self.fleet.budget.reserve(now)
+            turn = self.fleet.reserve(now)
         self._go("go")
         return self._ticket(turn, now)
 

@@ -3,13 +3,20 @@ metrics, plus one retry budget. Pure: every method takes ``now``; the shell does
 
 ``record_*`` methods return the breaker transition (or ``None``) so the shell can log state
 changes; nothing here logs or sleeps.
+
+What other processes should learn of — a breaker that opened or closed, a cool-down, a weight
+that moved, a deposit to or refund from the retry budget — is *news*: frozen records the fleet
+keeps in :attr:`Fleet.news` while :attr:`Fleet.telling` (shared state is attached) and the
+shell takes (:meth:`Fleet.take_news`) and sends. The fleet calls nothing of the shell's: the
+seam is these records, as the answer machine's is its actions.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from streamres._core.events import Usage
 from streamres._fleet.balance import RetryBudget, Weight
@@ -18,7 +25,15 @@ from streamres._fleet.metrics import ModelMetrics, RouteStats, export, merge, sn
 from streamres._fleet.routes import Route, fallback_order, pick_weighted
 from streamres._fleet.trends import Trend
 
-__all__ = ["HEALTH_KINDS", "MAX_COOLDOWN", "Fleet"]
+__all__ = [
+    "HEALTH_KINDS",
+    "MAX_COOLDOWN",
+    "Budgeted",
+    "Changed",
+    "Fleet",
+    "News",
+    "Weighed",
+]
 
 #: The longest cool-down one Retry-After imposes on a model (seconds). Hints up to a day are
 #: read, but a model is passed over for at most this long before it is tried again.
@@ -28,6 +43,35 @@ MAX_COOLDOWN = 300.0
 HEALTH_KINDS = frozenset(
     {"capacity", "rate_limit", "transient", "connection", "stall", "truncated", "malformed"}
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """Model ``index`` refuses requests until ``until`` (this process's clock): its breaker
+    opened (``open``) or a Retry-After began a cool-down (``cooldown``); or it recovered
+    (``closed``)."""
+
+    index: int
+    kind: Literal["open", "cooldown", "closed"]
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Weighed:
+    """Model ``index``'s weight moved after a success or a failure."""
+
+    index: int
+    outcome: Literal["success", "failure"]
+
+
+@dataclass(frozen=True, slots=True)
+class Budgeted:
+    """A retry-budget token was deposited (an answer began) or refunded (a retry not made)."""
+
+    op: Literal["deposit", "refund"]
+
+
+News = Changed | Weighed | Budgeted
 
 
 @dataclass
@@ -77,11 +121,10 @@ class Fleet:
         ]
         self.by_key = {r.key: i for i, r in enumerate(self.routes)}
         self.budget = budget or RetryBudget()
-        #: Told of what other processes should know (shared state): ``(route, kind, until)``
-        #: with kind "open" (the breaker opened; refused until then) or "cooldown".
-        self.on_change: Callable[[int, str, float], None] | None = None
-        #: Told ``(route, "failure" | "success")`` when a model's weight moves (shared state).
-        self.on_weight: Callable[[int, str], None] | None = None
+        #: Keep news for other processes (shared state is attached: it takes them).
+        self.telling = False
+        #: What other processes should learn, oldest first (see the module's docstring).
+        self.news: list[News] = []
         #: Reasons that apply to every model's health (e.g. shared state unavailable).
         self.notes: list[str] = []
         #: Whether a degrading model's share of new traffic follows its trend (the verdict is
@@ -124,6 +167,33 @@ class Fleet:
     def cooldown_left(self, i: int, now: float) -> float:
         return max(0.0, self.states[i].cooldown_until - now)
 
+    # -- news for other processes ---------------------------------------------------------
+
+    def _tell(self, news: News) -> None:
+        if self.telling:
+            self.news.append(news)
+
+    def take_news(self) -> list[News]:
+        """The news kept since the last take, oldest first."""
+        news, self.news = self.news, []
+        return news
+
+    # -- the retry budget -----------------------------------------------------------------
+
+    def deposit(self, now: float) -> None:
+        """An answer began: the retry budget earns its share of a token."""
+        self.budget.deposit(now)
+        self._tell(Budgeted("deposit"))
+
+    def reserve(self, now: float) -> float:
+        """A retry takes the next token: seconds until it is there (``RetryBudget.reserve``)."""
+        return self.budget.reserve(now)
+
+    def refund(self) -> None:
+        """A token reserved for a retry that will not be made goes back."""
+        self.budget.refund()
+        self._tell(Budgeted("refund"))
+
     # -- recording ------------------------------------------------------------------------
 
     def started(self, i: int, now: float, *, resume: bool) -> None:
@@ -143,11 +213,10 @@ class Fleet:
         self._steer(s, now)
         if s.weight.current < s.weight.base:
             s.weight.success()
-            if self.on_weight is not None:
-                self.on_weight(i, "success")
+            self._tell(Weighed(i, "success"))
         after = s.breaker.record_success(now)
-        if before != "closed" and self.on_change is not None:
-            self.on_change(i, "closed", now)
+        if before != "closed":
+            self._tell(Changed(i, "closed", now))
         if after != before:
             s.changes.append((now, after))
         return after if after != before else None
@@ -159,8 +228,7 @@ class Fleet:
         s.stats.failed(kind, ttft=ttft)
         if retry_after is not None:
             s.cooldown_until = max(s.cooldown_until, now + min(retry_after, MAX_COOLDOWN))
-            if self.on_change is not None:
-                self.on_change(i, "cooldown", s.cooldown_until)
+            self._tell(Changed(i, "cooldown", s.cooldown_until))
         if kind not in HEALTH_KINDS or (kind == "rate_limit" and retry_after is not None):
             # A permanent error says nothing of health; a 429 that says when to come back is a
             # quota's cool-down (kept above), not a broken model: neither moves the breaker.
@@ -170,11 +238,10 @@ class Fleet:
         self._steer(s, now)
         before = s.breaker.state
         s.weight.failure()
-        if self.on_weight is not None:
-            self.on_weight(i, "failure")
+        self._tell(Weighed(i, "failure"))
         after = s.breaker.record_failure(now)
-        if after == "open" and before != "open" and self.on_change is not None:
-            self.on_change(i, "open", s.breaker.available_at(now))
+        if after == "open" and before != "open":
+            self._tell(Changed(i, "open", s.breaker.available_at(now)))
         if after != before:
             s.changes.append((now, after))
         return after if after != before else None

@@ -552,9 +552,13 @@ async def _run(
     else:
         client = http
     shell = _Shell(answer, client, limits)
+    fleet = opts.fleet
+    shared = limits if isinstance(limits, SharedState) else None
     try:
         act = answer.start_answer(shell.now())
         while True:
+            if fleet.news and shared is not None:  # what other processes should learn
+                shared.tell(fleet.take_news())
             if answer.events:
                 events, answer.events = answer.events, []
                 for ev in events:
@@ -580,6 +584,8 @@ async def _run(
         raise answer.crashed(exc) from exc
     finally:
         answer.abandon()
+        if fleet.news and shared is not None:
+            shared.tell(fleet.take_news())
         try:
             await shell.shut()
         finally:

@@ -333,3 +333,30 @@ def test_the_fleets_figures_merge_and_damaged_ones_are_left_out() -> None:
     merged = merge([export(a), *damaged, export(b)])  # type: ignore[list-item]
     assert (merged.requests, merged.successes, merged.capacity_errors) == (3, 1, 2)
     assert list(merged.ttft) == [0.1] and len(merged.recent) == 3
+
+
+def test_the_fleet_keeps_news_for_other_processes_only_while_telling() -> None:
+    """What other processes should learn is kept as records, in order, while shared state is
+    attached (``telling``): a cool-down, a weight that moved, the breaker opening, a recovery,
+    the budget's deposits and refunds. Without it nothing is kept (no list grows unread)."""
+    from streamres._fleet.fleet import Budgeted, Changed, Fleet, Weighed
+
+    fleet = Fleet([Route("m", base_url="http://u.test/v1")], breaker_threshold=1)
+    fleet.deposit(0.0)
+    fleet.failed(0, 1.0, "capacity", ttft=None, retry_after=None)
+    assert fleet.news == [] and fleet.take_news() == []
+    fleet = Fleet([Route("m", base_url="http://u.test/v1")], breaker_threshold=1)
+    fleet.telling = True
+    fleet.deposit(0.0)
+    fleet.failed(0, 1.0, "capacity", ttft=None, retry_after=2.0)
+    fleet.refund()
+    assert fleet.take_news() == [
+        Budgeted("deposit"),
+        Changed(0, "cooldown", 3.0),
+        Weighed(0, "failure"),
+        Changed(0, "open", 61.0),
+        Budgeted("refund"),
+    ]
+    assert fleet.news == []
+    fleet.succeeded(0, 62.0, ttft=0.1, latency=1.0)
+    assert fleet.take_news() == [Weighed(0, "success"), Changed(0, "closed", 62.0)]

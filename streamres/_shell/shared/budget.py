@@ -1,49 +1,23 @@
-"""The retry budget every process shares: one token bucket in Redis. I/O shell."""
+"""The retry budget every process shares: one token bucket in Redis. I/O shell.
+
+This process's fleet keeps its own budget (what it falls back on while Redis is away) and tells
+its deposits and refunds as news (``Fleet.news``); they are sent here. A retry's reservation is
+asked of the shared bucket by the answer's shell (the machine's ``Reserve`` action)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 
-from streamres._fleet.balance import RetryBudget
 from streamres._shell.shared.connection import Connection
 from streamres._shell.shared.scripts import script
 
-__all__ = ["SCRIPTS", "Budget", "SharedBudget"]
+__all__ = ["SCRIPTS", "Budget"]
 
 _BUDGET = script("budget")
 #: The scripts (``scripts/<name>.lua``, each with what its KEYS and ARGV are).
 SCRIPTS = {"budget": _BUDGET}
-
-
-class SharedBudget(RetryBudget):
-    """The client's retry budget, with deposits and refunds also sent to the shared one (the
-    local balance is what this process falls back on when Redis is away)."""
-
-    def __init__(self, local: RetryBudget, post: Callable[[str], None]) -> None:
-        super().__init__(
-            local.ratio,
-            local.floor,
-            local.cap,
-            local.balance,
-            local.updated,
-            local.window,
-            local.recent,
-        )
-        self._post = post
-        #: The balance a fleet's shared bucket starts with (the first process creates it).
-        self.initial = local.balance
-
-    def deposit(self, now: float, attempts: int = 1) -> None:
-        super().deposit(now, attempts)
-        for _ in range(attempts):
-            self._post("deposit")
-
-    def refund(self) -> None:
-        super().refund()
-        self._post("refund")
 
 
 class Budget(Connection):
@@ -51,8 +25,7 @@ class Budget(Connection):
 
     def _budget_args(self, op: str) -> list[Any]:
         b = self.fleet.budget
-        initial = b.initial if isinstance(b, SharedBudget) else b.balance
-        return [op, b.ratio, b.floor, b.cap, initial, b.window]
+        return [op, b.ratio, b.floor, b.cap, self._initial_balance, b.window]
 
     def _budget_post(self, op: str) -> None:
         if op == "deposit":

@@ -83,6 +83,9 @@ class Connection(Limits):
         )
         self._subscribed = anyio.Event()
         self._deposits = 0
+        #: The balance the shared retry bucket starts with (the first process creates it):
+        #: this process's own when it attached (``SharedState.running``).
+        self._initial_balance = self.fleet.budget.balance
         self._outbox_send, self._outbox = anyio.create_memory_object_stream[
             tuple[str, list[str], list[Any]]
         ](10_000)

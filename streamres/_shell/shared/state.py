@@ -60,11 +60,12 @@ from typing import Any
 import anyio
 
 from streamres._core.redact import redact_url
+from streamres._fleet.fleet import Budgeted, Changed, News, Weighed
 from streamres._shell.log import log
 from streamres._shell.shared.broadcast import SCRIPTS as BROADCAST
 from streamres._shell.shared.broadcast import Broadcast
 from streamres._shell.shared.budget import SCRIPTS as BUDGET
-from streamres._shell.shared.budget import Budget, SharedBudget
+from streamres._shell.shared.budget import Budget
 from streamres._shell.shared.connection import STARTUP, SharedStatus
 from streamres._shell.shared.leases import LEASE, Leases
 from streamres._shell.shared.leases import SCRIPTS as LEASES
@@ -105,11 +106,10 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
         self._scripts.update(
             (name, self._redis.register_script(src)) for name, src in sources.items()
         )
-        self.fleet.on_change = self._share
-        self.fleet.on_weight = self._weigh
         self.handlers.setdefault("weight", self._weighed)
-        local_budget = self.fleet.budget
-        self.fleet.budget = SharedBudget(local_budget, self._budget_post)
+        #: The balance the fleet's shared bucket starts with (the first process creates it).
+        self._initial_balance = self.fleet.budget.balance
+        self.fleet.telling = True
         try:
             # The clients are held by tasks of their own, outside the parts' task group: they
             # outlive the parts' last calls (the drain, the releases).
@@ -138,11 +138,21 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
                         await self._release_all()
                     clients.cancel_scope.cancel()
         finally:
-            self.fleet.on_change = None
-            self.fleet.on_weight = None
-            self.fleet.budget = local_budget
+            self.fleet.telling = False
+            self.fleet.take_news()
             self._outbox_send.close()
             self._outbox.close()
+
+    def tell(self, news: list[News]) -> None:
+        """Send what this process's fleet found to every other (``Fleet.take_news``)."""
+        for item in news:
+            match item:
+                case Changed(index=i, kind=kind, until=until):
+                    self._share(i, kind, until)
+                case Weighed(index=i, outcome=outcome):
+                    self._weigh(i, outcome)
+                case Budgeted(op=op):
+                    self._budget_post(op)
 
     async def _warm_up(self, servers: Servers, sources: Mapping[str, str]) -> None:
         """The first calls — the connection, loading the scripts — with their own patience
