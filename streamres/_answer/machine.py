@@ -60,10 +60,9 @@ from streamres._core.events import Event as CallerEvent
 from streamres._core.inflate import InflateError
 from streamres._core.logs import SILENT, Log
 from streamres._core.policy import (
-    connect_allowance,
+    blame_connect,
     connect_timeout,
     reinterpret,
-    this_side_busy,
 )
 from streamres._core.redact import Redactor, redact_url
 from streamres._core.stall import StallTimer, first_output_limit
@@ -228,16 +227,8 @@ class Answer:
         self._go("send_failed")
         attempt = self._attempt()
         self.fleet.queued(attempt.index, queued)
-        timeout = connect_timeout(attempt.reached)
-        if fail.error_type == "connect_timeout" and this_side_busy(timeout, late):
-            fail = failure(
-                "client_busy",
-                f"no connection to {redact_url(attempt.route.base_url or '')} within "
-                f"{timeout + connect_allowance(late):.1f} s while this process's event loop "
-                f"ran {late:.1f} s late: this side was too busy to see the server answer, so "
-                "the server is not blamed",
-            )
-        return self._over(fail, now)
+        url = redact_url(attempt.route.base_url or "")
+        return self._over(blame_connect(fail, reached=attempt.reached, late=late, url=url), now)
 
     def started(
         self, status: int, headers: Mapping[str, str], now: float, *, queued: float

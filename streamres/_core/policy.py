@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from streamres._core import classify
 from streamres._core.backoff import Backoff
 from streamres._core.classify import Failure
 
@@ -52,6 +53,7 @@ __all__ = [
     "CONNECT_TRIES",
     "LAST_TRY",
     "Decision",
+    "blame_connect",
     "connect_timeout",
     "consecutive_failures",
     "decide",
@@ -86,6 +88,21 @@ def this_side_busy(timeout: float, late: float) -> bool:
     """Did a connect timer of ``timeout`` seconds fire because of this side (rule 9)? Yes
     when the loop has been running at least half that late."""
     return late >= timeout / 2
+
+
+def blame_connect(fail: Failure, *, reached: bool, late: float, url: str) -> Failure:
+    """A connect that timed out while this side's event loop ran ``late`` seconds late is this
+    side's failure (``client_busy``, rule 9), not the server at ``url``'s; any other failure
+    stays as it is. ``reached``: the server has answered before (its connect timeout)."""
+    timeout = connect_timeout(reached)
+    if fail.error_type != "connect_timeout" or not this_side_busy(timeout, late):
+        return fail
+    return classify.failure(
+        "client_busy",
+        f"no connection to {url} within {timeout + connect_allowance(late):.1f} s while this "
+        f"process's event loop ran {late:.1f} s late: this side was too busy to see the server "
+        "answer, so the server is not blamed",
+    )
 
 
 @dataclass(frozen=True, slots=True)
