@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from streamres._answer.memory import Memory
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
 
-__all__ = ["next_available", "probing", "unavailable"]
+__all__ = ["next_available", "probing", "ready_in", "unavailable", "unreachable"]
 
 
 def next_available(
@@ -54,3 +55,19 @@ def unavailable(fleet: Fleet, chain: Sequence[int], now: float) -> str:
             wait = max(0.0, state.breaker.available_at(now) - now)
             why.append(f"{route.model} circuit open for {wait:.0f} s")
     return "no model can take a request before the deadline: " + "; ".join(why)
+
+
+def unreachable(fleet: Fleet, chain: Sequence[int], memory: Memory) -> str | None:
+    """Why no model of the chain can be reached, when none has ever answered in this process
+    and each one's last connect failed (``None`` otherwise: a server that answered before is
+    waited for, as it may be restarting)."""
+    why = [memory.why_unreachable(fleet.routes[i]) for i in dict.fromkeys(chain)]
+    if not why or None in why:
+        return None
+    return "; ".join(dict.fromkeys(w for w in why if w))
+
+
+def ready_in(fleet: Fleet, chain: Sequence[int], now: float) -> float | None:
+    """Seconds until a model of the chain takes a request again (``None``: one does now)."""
+    wait = min(fleet.available_at(i, now) for i in chain) - now
+    return wait if wait > 0 else None

@@ -54,7 +54,12 @@ from streamres._core.classify import (
     is_event_stream,
 )
 from streamres._core.continuation import Strategy
-from streamres._core.errors import DeadlineExceeded, InvalidRequest, StreamError
+from streamres._core.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    StreamError,
+    UpstreamUnreachable,
+)
 from streamres._core.events import Attempt
 from streamres._core.events import Event as CallerEvent
 from streamres._core.inflate import InflateError
@@ -342,6 +347,10 @@ class Answer:
             self.fleet, chain.indexes, chain.pos, self.t_end, now, self._breaker_moved
         )
         if pos is None:
+            why = choice.unreachable(self.fleet, chain.indexes, self.memory)
+            if why is not None:  # a wrong URL or port: told at once, every time
+                wait = max(0.0, ready_at - now)
+                return self._fail(UpstreamUnreachable, telling.unreachable(why, wait), wait=wait)
             probing = self.slots is not None and choice.probing(self.fleet, chain.indexes)
             if ready_at >= self.t_end and not probing:
                 return self._fail(
@@ -603,6 +612,8 @@ class Answer:
         self.last = fail
         if fail.kind == "prefill_rejected":
             self.memory.refused_prefill(attempt.route)
+        if fail.connect and not attempt.reached:
+            self.memory.could_not_reach(attempt.route, fail.message)
         self.chain.failed(fail.kind, added=bool(added), seam_tries=self.seam.tries)
         self._go("failed")
         return self._decide(attempt, fail, now)
@@ -622,7 +633,8 @@ class Answer:
         )
         tokens = self.delivery.tokens() if self.chars else 0
         if decision.action == "give_up":
-            return self._fail(*telling.giving_up(decision, fail, route.model, attempt.number))
+            cls, why = telling.giving_up(decision, fail, route.model, attempt.number)
+            return self._fail(cls, why, wait=choice.ready_in(self.fleet, chain.indexes, now))
         if self.chars:
             self.resumes += 1
         strategy = self._strategy() if self.chars else ""
@@ -716,18 +728,27 @@ class Answer:
             and self.encodings.get(self.model) is None
         )
 
-    def _fail(self, cls: type[StreamError], message: str, *, blame_last: bool = True) -> Fail:
+    def _fail(
+        self,
+        cls: type[StreamError],
+        message: str,
+        *,
+        blame_last: bool = True,
+        wait: float | None = None,
+    ) -> Fail:
         """The answer gives up with ``cls`` (the last attempt's failure in it, unless the
-        error is the caller's: ``blame_last=False``)."""
+        error is the caller's: ``blame_last=False``; ``wait``: its ``retry_after``)."""
         if self.attempt is not None and self.attempt.books != "recorded":
             self._give_back()
         self._go("give_up")
-        return Fail(self._error(cls, message, self.last if blame_last else None))
+        return Fail(self._error(cls, message, self.last if blame_last else None, wait))
 
-    def _error(self, cls: type[StreamError], message: str, last: Failure | None) -> StreamError:
+    def _error(
+        self, cls: type[StreamError], message: str, last: Failure | None, wait: float | None = None
+    ) -> StreamError:
         self.log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
         words = self.redactor.redact(message)
-        return telling.error(cls, words, last, self.text, self.history, self.model)
+        return telling.error(cls, words, last, self.text, self.history, self.model, wait)
 
     def _header_wait(self, route: Route) -> float:
         """How long this attempt waits for response headers: with another model to go to,

@@ -41,12 +41,16 @@ class Memory:
     #: (base_url, model) pairs whose instruct continuation wrote none of a held-back last
     #: token (a model that does not continue the text it is shown): sent whole from now on.
     no_hold: set[tuple[str | None, str]] = dataclasses.field(default_factory=set)
+    #: Base URLs that have never answered and could not be reached, with why (the last
+    #: connect failure's words): refused at once while their circuit is open.
+    unreachable: dict[str | None, str] = dataclasses.field(default_factory=dict)
 
     # -- what servers did ----------------------------------------------------------------
 
     def answered(self, route: Route, status: int, headers: Mapping[str, str]) -> None:
         """``route``'s server sent a response head."""
         self.reached.add(route.base_url)
+        self.unreachable.pop(route.base_url, None)
         if continues_prefill(headers):
             self.continues.add(route.base_url)
         elif status == 200:
@@ -58,6 +62,15 @@ class Memory:
         """``route``'s server refused an assistant prefill, or answered one by starting over
         (it ignores the partial turn): instruct from now on."""
         self.prefill_refused.add((route.base_url, route.model))
+
+    def could_not_reach(self, route: Route, why: str) -> None:
+        """No connection could be made to ``route``'s server, which has never answered."""
+        if route.base_url not in self.reached:
+            self.unreachable[route.base_url] = why
+
+    def why_unreachable(self, route: Route) -> str | None:
+        """Why ``route``'s server, which has never answered, could not be reached (if so)."""
+        return self.unreachable.get(route.base_url)
 
     def did_not_continue(self, route: Route) -> None:
         """``route``'s model wrote none of a held-back last token: sent whole from now on."""

@@ -44,6 +44,7 @@ __all__ = [
     "fallback",
     "giving_up",
     "log_decision",
+    "unreachable",
 ]
 
 #: The log event of each decision, by whether text was delivered.
@@ -95,6 +96,15 @@ def giving_up(
     else:
         message = f"gave up after {plural(attempt, 'attempt')}: {decision.why}"
     return cls, message
+
+
+def unreachable(why: str, wait: float) -> str:
+    """Why an answer is refused at once: its models have never answered and cannot be
+    reached, and each one's circuit stays open for ``wait`` seconds."""
+    return (
+        f"{why}; not tried again for {wait:.0f} s (its circuit is open). Check that the "
+        "server is running and reachable from here, and that base_url (and provider) are right."
+    )
 
 
 def fallback(
@@ -206,6 +216,7 @@ def error(
     partial_text: str,
     history: Sequence[Attempt],
     model: str,
+    retry_after: float | None = None,
 ) -> StreamError:
     """The error an answer ends with (``message`` masked already), the partial answer in it."""
     return cls(
@@ -215,4 +226,5 @@ def error(
         model=model,
         status_code=last.status_code if last else None,
         reason=last.kind if last else None,
+        retry_after=retry_after,
     )

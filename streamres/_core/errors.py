@@ -46,6 +46,7 @@ class StreamError(Exception):
         model: str | None = None,
         status_code: int | None = None,
         reason: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -56,6 +57,9 @@ class StreamError(Exception):
         self.status_code = status_code
         #: The failure kind behind the error (``capacity``, ``permanent``, ``stall``…).
         self.reason = reason
+        #: Seconds before asking again is worth it, where streamres knows (an unreachable
+        #: server's circuit stays open that long); ``None`` otherwise.
+        self.retry_after = retry_after
 
     @property
     def attempts(self) -> int:

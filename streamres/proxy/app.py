@@ -680,7 +680,8 @@ def _status_of(exc: streamres.StreamError) -> tuple[int, float | None]:
     if isinstance(exc, streamres.DeadlineExceeded):
         return 504, None
     if isinstance(exc, streamres.UpstreamUnreachable):
-        return 502, None
+        # A wrong URL or port, or a server not up: when to ask again (its circuit's wait).
+        return 502, exc.retry_after if exc.retry_after is not None else 5.0
     if exc.reason == "rate_limit":
         return 429, 5.0
     if exc.reason in _UPSTREAM_FAULTS:

@@ -131,6 +131,73 @@ async def test_an_unreachable_model_falls_back_without_capacity_words(
     assert all("Cannot reach the server" in m for m in retries)
 
 
+async def test_an_unreachable_route_is_told_at_once_on_every_answer() -> None:
+    """A route whose port is wrong (it never answered, nothing listens): the first answer
+    makes its few quick tries; every later one is refused at once — no request, no wait for
+    its open circuit — as UpstreamUnreachable naming the refusal and when it is tried again
+    (``retry_after``), well inside a deadline the breaker's wait would have run out."""
+    async with Upstream() as dead:
+        url = dead.openai_url
+    async with Client([Route("m", base_url=url, api_key="k")], deadline=10.0) as client:
+        errors = [await _error(client.stream(USER, model="m")) for _ in range(10)]
+    assert all(isinstance(e, streamres.UpstreamUnreachable) for e in errors), errors
+    first, *later = errors
+    assert first.attempts == 3 and "connection refused" in str(first)
+    assert first.retry_after is not None and first.retry_after > 50  # the open circuit's wait
+    for err in later:
+        assert err.attempts == 0, err
+        assert "connection refused" in str(err) and "not tried again for" in str(err)
+        assert err.retry_after is not None and 0 < err.retry_after <= 60
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the proxy serves on asyncio
+async def test_the_proxy_answers_a_route_it_cannot_reach_at_once_every_time() -> None:
+    """A routes.toml whose port is wrong: every request, streamed or not, is a 502 at once
+    with Retry-After and the cause in the caller's error format — the tenth as the first, never
+    a wait for the deadline ending in a 504."""
+    pytest.importorskip("uvicorn")
+    from streamres.proxy import running
+    from streamres.proxy.config import parse
+
+    async with Upstream() as dead:
+        url = dead.openai_url
+    config = parse({"routes": [{"name": "m", "model": "m", "base_url": url}]}, {})
+    async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+        for i in range(10):
+            body = {"model": "m", "messages": USER, "stream": i % 2 == 0}
+            r = await http.post(run.url + "/v1/chat/completions", json=body)
+            assert r.status_code == 502, (i, r.status_code, r.text)
+            assert int(r.headers["retry-after"]) >= 1
+            assert "connection refused" in r.json()["error"]["message"]
+
+
+async def test_a_server_that_answered_and_restarts_is_waited_for() -> None:
+    """The same refusal from a server that has answered before is a restart, not a wrong
+    port: the answer waits for it within its deadline and comes back whole."""
+    async with Upstream() as up:
+        port, url, answer = up.port, up.openai_url, up.answer(USER)
+    route = Route("m", base_url=url, api_key="k")
+    async with Client([route], deadline=30.0, backoff=Backoff(initial=0.2, maximum=0.5)) as client:
+        async with Upstream(port=port):
+            await collect(client.stream(USER, model="m"))  # it answered: reached
+        refused, done, text = anyio.Event(), anyio.Event(), ""
+
+        async def back_once_refused() -> None:
+            await refused.wait()
+            async with Upstream(port=port):  # back on the same port
+                await done.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(back_once_refused)
+            async for ev in client.stream(USER, model="m"):
+                if ev.type == "retry":
+                    refused.set()
+                elif ev.type == "text":
+                    text += ev.text
+            done.set()
+    assert refused.is_set() and text == answer
+
+
 # -- stalls while a person watches --------------------------------------------------------
 
 
