@@ -125,6 +125,7 @@ def serve_workers(config_path: str, redis: str | None, host: str, port: int, wor
     import uvicorn
 
     limits = _open_files(load(config_path).server)
+    _can_listen(host, port)  # a port in use is one line before the banner, not uvicorn's own
 
     os.environ["STREAMRES_PROXY_CONFIG"] = os.path.abspath(config_path)
     os.environ["STREAMRES_PROXY_REDIS"] = redis or ""
@@ -145,6 +146,15 @@ def serve_workers(config_path: str, redis: str | None, host: str, port: int, wor
         **_server_settings(limits),
         http="streamres.proxy.connections:Guarded",  # each worker sets its limits at startup
     )
+
+
+def _can_listen(host: str, port: int) -> None:
+    """``OSError`` if nothing could listen on ``host:port`` now (in use, or not this host's).
+    Bound as uvicorn binds (``SO_REUSEADDR``), so only a port another server holds fails."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def _freeze() -> None:

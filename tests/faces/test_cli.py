@@ -109,6 +109,24 @@ def test_proxy_on_a_busy_port_is_one_line() -> None:
     assert len(got.stderr.strip().splitlines()) == 1
 
 
+def test_proxy_workers_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
+    """`proxy --workers 2` on a port that is taken: exit 2 and the same one line, before any
+    banner says it serves (not the banner, then the server's raw error and exit 3)."""
+    pytest.importorskip("uvicorn")
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[routes]]\nname = "m"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        got = run("proxy", "--workers", "2", "--config", str(routes), "--port", port)
+    assert got.returncode == 2, got.stderr
+    assert got.stdout == ""  # no banner
+    assert "streamres proxy: cannot listen on 127.0.0.1" in got.stderr
+    assert "another --port" in got.stderr and "Errno" not in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize(("typo", "meant"), [("strom", "storm"), ("resett@40", "reset")])
 def test_a_misspelt_fault_plan_gets_a_suggestion(typo: str, meant: str) -> None:
     """A fault plan one letter off names the plan that was meant."""
