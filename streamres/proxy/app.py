@@ -591,7 +591,20 @@ class Proxy:
                 ],
                 "breaker_changes": [{"ago": ago, "state": st} for ago, st in m.breaker_changes],
             }
-        return {"models": models, "aliases": self.config.models, "time": time.time()}
+        shared = self.client.shared_status()
+        return {
+            "models": models,
+            "aliases": self.config.models,
+            # Shared state (``--redis``): where, and whether this proxy reaches it now.
+            "shared": None
+            if shared is None
+            else {
+                "url": shared.url,
+                "connected": shared.connected,
+                "local_fallbacks": shared.local_fallbacks,
+            },
+            "time": time.time(),
+        }
 
     async def _health_stream(self, receive: Receive, send: Send) -> None:
         await _start(send, 200, "text/event-stream")

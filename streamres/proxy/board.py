@@ -117,8 +117,11 @@ function render(health) {
     card.append(f);
     cards.append(card);
   }
+  const shared = health.shared;
   document.getElementById("state").textContent =
-    "updated " + new Date(health.time * 1000).toLocaleTimeString();
+    "updated " + new Date(health.time * 1000).toLocaleTimeString() +
+    (shared ? (shared.connected ? " · shared state " + shared.url
+      : " · shared state " + shared.url + " NOT REACHABLE: limits are this proxy's own") : "");
 }
 async function poll() {
   try {

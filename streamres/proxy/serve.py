@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import os
 import socket
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -418,4 +419,12 @@ async def serve(
             f"{run.url}; health board {run.url}/ ; chat page {run.url}/chat ; serving {target}",
             flush=True,
         )
+        shared = run.proxy.client.shared_status()
+        if shared is not None and not shared.connected:
+            print(
+                f"streamres proxy: shared state at {shared.url} is not answering: limits, "
+                "breakers and cool-downs are this process's own until it does (see /health)",
+                file=sys.stderr,
+                flush=True,
+            )
         await run.stopped.wait()

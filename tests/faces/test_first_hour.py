@@ -374,3 +374,74 @@ def test_the_library_prints_nothing_when_the_application_configured_no_logging()
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() in ("UpstreamUnreachable", "AttemptsExhausted", "DeadlineExceeded")
     assert got.stderr == ""
+
+
+# -- shared state that does not answer --------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the proxy serves on asyncio
+async def test_a_redis_that_does_not_answer_is_on_the_proxys_health() -> None:
+    """``--redis`` at a port where nothing listens: the proxy serves on its own limits, and
+    ``/health`` says where shared state is (credentials masked) and that it is not reached."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("coredis")
+    from streamres.proxy import running
+
+    redis = f"redis://:hunter2-secret@127.0.0.1:{_closed_port()}/0"
+    async with running(port=0, faults="none", redis=redis) as run, httpx.AsyncClient() as http:
+        health = (await http.get(run.url + "/health")).json()
+        board = (await http.get(run.url + "/")).text
+    shared = health["shared"]
+    assert shared["connected"] is False and "hunter2" not in shared["url"]
+    assert shared["url"].endswith(f"127.0.0.1:{_port_of(redis)}/0")
+    assert "NOT REACHABLE" in board
+
+
+def _lines(proc: Any, *streams: Any) -> list[str]:
+    """The next line of each stream, or the process killed after 60 s without one."""
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError
+
+    pool = ThreadPoolExecutor(len(streams))
+    try:
+        futures = [pool.submit(stream.readline) for stream in streams]
+        return [str(f.result(timeout=60)) for f in futures]
+    except TimeoutError:
+        proc.kill()  # the reads end with the pipes
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+def test_a_redis_that_does_not_answer_is_named_when_the_proxy_starts() -> None:
+    """``streamres proxy --redis`` at a dead address: beside the banner, one line on standard
+    error names the address (masked) and what that means, without a traceback or a secret."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("coredis")
+    import os
+    import subprocess
+    import sys
+
+    redis = f"redis://:hunter2-secret@127.0.0.1:{_closed_port()}/0"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "streamres", "proxy", "--port", "0", "--faults", "none"]
+    with subprocess.Popen(
+        [*cmd, "--redis", redis], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            banner, line = _lines(proc, proc.stdout, proc.stderr)
+        finally:
+            proc.terminate()
+    assert banner.startswith("streamres proxy on http://127.0.0.1:")
+    assert line.startswith("streamres proxy: shared state at redis://")
+    assert "is not answering" in line and "hunter2" not in line + banner

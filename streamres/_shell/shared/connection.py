@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from streamres._core.redact import redact_url
+from streamres._core.redact import Redactor, redact_url, url_secrets
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
 from streamres._shell.limits import Limits, Slots
@@ -35,6 +35,14 @@ class SharedStatus:
     connected: bool
     #: Slots this process took on its own while Redis was unreachable.
     local_fallbacks: int
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong, in words: the first error inside a group (a connect to every address
+    of a host failed), its type and message."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class Connection(Limits):
@@ -117,7 +125,7 @@ class Connection(Limits):
             log.warning(
                 "streamres.shared_unavailable",
                 url=where,
-                error=type(exc).__name__,
+                error=Redactor(url_secrets(self.url)).redact(_cause(exc)),
                 processes=peers,
             )
             self.fleet.notes = [
