@@ -34,12 +34,15 @@ LARGE, SMALL = "demo-large", "demo-small"
 
 
 def embedded_config(up: Upstream) -> Config:
-    """The embedded upstream's two models, and ``demo``: the large one, then the small."""
+    """The embedded upstream's two models, and ``demo`` (and ``chat``): the large one, then the
+    small."""
     routes = [
         streamres.Route(LARGE, base_url=up.openai_url, api_key="demo", family="demo", size=2),
         streamres.Route(SMALL, base_url=up.openai_url, api_key="demo", family="demo", size=1),
     ]
-    models = {LARGE: [LARGE, SMALL], SMALL: [SMALL], "demo": [LARGE, SMALL]}
+    # ``chat``: the name demos/routes.toml gives the same chain, so an example runs against
+    # either proxy the README starts.
+    models = {LARGE: [LARGE, SMALL], SMALL: [SMALL], "demo": [LARGE, SMALL], "chat": [LARGE, SMALL]}
     return Config(routes=routes, models=models, breaker_recovery=10.0)
 
 

@@ -3,8 +3,9 @@ fresh interpreter, the ``sh`` blocks line by line, against the servers the docum
 
 A document's servers are the lines of its ``sh`` blocks that end in ``&`` (the README starts
 ``streamres serve`` and a ``streamres proxy`` with ``demos/routes.toml``); a page that starts
-none talks to ``streamres serve --port 8765 --faults light`` and, for a block that names port
-8787, ``streamres proxy --port 8787``, as the pages say. Ports are this run's free ones, the
+none talks to what the README starts — ``streamres serve --port 8765 --faults light`` and, for
+a block that names port 8787, ``streamres proxy --config demos/routes.toml --port 8787`` — so
+every example fits the setup a reader of the README has. Ports are this run's free ones, the
 same in the code, the commands and the copy of ``demos/`` they read. A ``pip install`` line is
 checked, not run: the extra it names exists, the package it names is installed. Blocks fenced
 without a language are output or the suite's own commands, and are not run.
@@ -29,7 +30,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(python|sh)\n(.*?)^```$", re.S | re.M)
-DEFAULT_SERVERS = ("streamres serve --port 8765 --faults light &", "streamres proxy --port 8787 &")
+DEFAULT_SERVERS = (
+    "streamres serve --port 8765 --faults light &",
+    "streamres proxy --config demos/routes.toml --port 8787 &",
+)
 PORTS = ("8765", "8787")
 EXTRAS = set(
     tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["optional-dependencies"]
