@@ -25,6 +25,7 @@ EXTRAS: Final[dict[str, tuple[str, str]]] = {
     "wordllama": ("semantic", "wordllama"),
     "prometheus_client": ("prometheus", "prometheus-client"),
     "opentelemetry.trace": ("otel", "opentelemetry-api"),
+    "httpx_sse": ("bench", "httpx-sse"),
 }
 
 

@@ -35,6 +35,8 @@ from typing import Any
 import anyio
 import httpx
 
+from streamres import MissingExtra
+from streamres._shell.apps import install_hint, installed, require
 from streamres.benchmarks.common import summary
 from streamres.benchmarks.table import table
 from streamres.upstream import answer_for
@@ -157,7 +159,25 @@ def _litellm_proxy(upstream: str) -> Iterator[tuple[str, int]]:
 
 
 def _servers() -> list[str]:
-    return ["uvicorn", "hypercorn"] + (["litellm"] if _litellm() else [])
+    """The proxies this run can start: streamres's under each installed server, LiteLLM's
+    when its command is here (``not_run`` says why any other is not)."""
+    servers = ["uvicorn"] + (["hypercorn"] if installed("hypercorn") else [])
+    return servers + (["litellm"] if _litellm() else [])
+
+
+def not_run() -> list[str]:
+    """Each proxy whose rows this run leaves out, and what would bring it."""
+    missing = []
+    if not installed("hypercorn"):
+        missing.append(
+            f"streamres proxy (hypercorn): hypercorn is not installed: {install_hint('hypercorn')}"
+        )
+    if not _litellm():
+        missing.append(
+            "LiteLLM proxy: no litellm command on PATH (pip install 'litellm[proxy]', or name "
+            "one with STREAMRES_LITELLM)"
+        )
+    return missing
 
 
 def _label(server: str) -> str:
@@ -446,7 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", default="bench-proxy.json", help="where to write the results")
     args = p.parse_args(argv)
+    try:  # what every row needs: one line, before anything starts
+        require("httpx_sse", "streamres bench proxy (its direct reader)")
+        require("uvicorn", "streamres bench proxy")
+    except MissingExtra as exc:
+        print(f"streamres bench proxy: {exc}", file=sys.stderr)
+        return 2
     report = anyio.run(_all, args)
+    report["not_run"] = not_run()
     print("\nLatency per token (ms; the upstream writes one token every 5 ms)")
     print(table(report["latency"]))
     print("\nCPU per 1,000 events")
@@ -473,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     )
+    for row in report["not_run"]:
+        print(f"not run: {row}")
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     print(f"\nwritten to {args.json}")

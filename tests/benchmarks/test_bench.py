@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from streamres.benchmarks import dedup as _dedup_bench
 
 
@@ -144,3 +146,40 @@ def test_the_per_request_bench_reads_every_path_exactly() -> None:
     assert {(r["path"], r["concurrency"]) for r in rows} == {(p, c) for p in paths for c in (1, 10)}
     assert all(r["exact"] == r["requests"] == 12 for r in rows)
     assert all(0 < r["first_p50_ms"] <= r["total_p50_ms"] for r in rows)
+
+
+def test_the_proxy_bench_without_its_extra_is_one_line() -> None:
+    """``streamres bench proxy`` where httpx-sse (the ``[bench]`` extra) is not installed: one
+    line naming the pip install, exit 2, before any server starts — not a traceback after a
+    while."""
+    script = (
+        "import sys; sys.modules['httpx_sse'] = None\n"  # as if not installed
+        "from streamres.benchmarks import main\n"
+        "sys.exit(main(['proxy', '--quick']))\n"
+    )
+    got = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert got.returncode == 2, got.stderr
+    assert got.stderr.strip() == (
+        "streamres bench proxy: streamres bench proxy (its direct reader) needs httpx-sse, "
+        "which is not installed: pip install 'streamres[bench]'"
+    )
+    assert got.stdout == ""
+
+
+def test_the_proxy_bench_names_every_proxy_it_leaves_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without hypercorn or a litellm command, the bench's rows for them are not run, and it
+    says so row by row, with what brings each."""
+    from streamres.benchmarks import proxy
+
+    monkeypatch.setitem(sys.modules, "hypercorn", None)  # as if not installed
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("STREAMRES_LITELLM", raising=False)
+    assert proxy._servers() == ["uvicorn"]
+    assert proxy.not_run() == [
+        "streamres proxy (hypercorn): hypercorn is not installed: "
+        "pip install 'streamres[hypercorn]'",
+        "LiteLLM proxy: no litellm command on PATH (pip install 'litellm[proxy]', or name one "
+        "with STREAMRES_LITELLM)",
+    ]
