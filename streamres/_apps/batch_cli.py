@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Column
 
 import streamres
 from streamres._shell.apps import (
@@ -157,17 +158,29 @@ class _Plain:
         print(f"[{n:>{width}}/{p.total}] {last['id']} {what}", file=self.err, flush=True)
 
 
+#: Columns the progress line keeps whole: "batch", the bar, the count, the time left.
+_FIXED = 52
+
+
 class _Live:
     """A Rich progress display: done of total, in flight, waiting, failed, tokens, rate, ETA."""
 
     def __init__(self, console: Console, client: streamres.Client) -> None:
         self.client = client
+        # The bar, the count and the time left keep their room at any width; the state line
+        # takes what is left and is cut with an ellipsis on a narrow terminal (a long one
+        # used to push the others out below about 170 columns).
         self.progress = Progress(
             TextColumn("[bold]batch"),
-            BarColumn(),
+            BarColumn(bar_width=24),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[state]}"),
             TimeRemainingColumn(),
+            TextColumn(
+                "{task.fields[state]}",
+                table_column=Column(
+                    no_wrap=True, overflow="ellipsis", max_width=max(12, console.width - _FIXED)
+                ),
+            ),
             console=console,
             transient=False,
         )
@@ -189,9 +202,11 @@ class _Live:
 
 
 def _summary(s: streamres.BatchSummary, out: Callable[[str], None]) -> None:
+    tried = s.answered + s.failed
+    rate = f"{s.success_rate:.1%} of those tried" if tried else "none was tried"
     out(
         f"{s.answered} answered, {s.failed} failed, {s.skipped} already done, of {s.total} "
-        f"({s.success_rate:.1%} of those tried); {plural(s.attempts, 'attempt')}, "
+        f"({rate}); {plural(s.attempts, 'attempt')}, "
         f"{s.retries} {'retry' if s.retries == 1 else 'retries'}, "
         f"{plural(s.resumes, 'resume')}, {plural(s.fallbacks, 'fallback')}; "
         f"{s.input_tokens} tokens in, {s.output_tokens} out; {s.wall:.1f} s"

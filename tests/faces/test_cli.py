@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -171,3 +172,40 @@ def test_verbose_before_any_command_is_no_traceback(command: str) -> None:
     done = run("-v", command, *bad[command])
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and done.stderr.strip()
+
+
+def test_the_batch_progress_keeps_its_bar_count_and_time_left_on_a_narrow_terminal() -> None:
+    """On an 80-column terminal, with every model's state to tell, the progress line still
+    shows its bar, the count done and the time left; the state is cut with an ellipsis."""
+    import io
+
+    from rich.console import Console
+
+    import streamres
+    from streamres._apps.batch_cli import _Live
+
+    class Client:  # the health the line reports: two models, both jammed
+        def health(self) -> dict[str, Any]:
+            jammed = type("H", (), {"status": "jammed"})()
+            return {"a-model-with-a-long-name": jammed, "another-long-model-name": jammed}
+
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=True, color_system=None)
+    live = _Live(console, Client())  # type: ignore[arg-type]
+    live(streamres.BatchProgress(10, 3, 1, 0, 4, 2, 12345, 7.5, paused="a jammed model"))
+    console.print(live.progress.get_renderable())
+    line = out.getvalue().strip().splitlines()[0]
+    assert "━" in line and "…" in line
+    assert re.search(r"4/10 (\d+:\d\d:\d\d|-:--:--) 4 in flight", line), line
+
+
+def test_a_batch_that_tried_nothing_says_so() -> None:
+    """Every line already answered by an earlier run: the summary says none was tried, not
+    "100.0 % of those tried"."""
+    import streamres
+    from streamres._apps.batch_cli import _summary
+
+    lines: list[str] = []
+    summary = streamres.BatchSummary(5, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0.1)
+    _summary(summary, lines.append)
+    assert "none was tried" in lines[0] and "%" not in lines[0]
