@@ -111,7 +111,9 @@ def offline_refusal(args: argparse.Namespace) -> str | None:
     if not named and args.provider is None:
         return None
     what = f"model {named[0]}" if named else f"provider {args.provider}"
-    key = "ANTHROPIC_API_KEY" if args.provider == "anthropic" else "OPENAI_API_KEY"
+    # A Claude model named without a provider is Anthropic's: its key is the one to set.
+    claude = args.provider is None and bool(named) and named[0].lower().startswith("claude")
+    key = "ANTHROPIC_API_KEY" if args.provider == "anthropic" or claude else "OPENAI_API_KEY"
     return (
         f"{what} is a real service and no key or base URL is set: set {key} (or pass "
         "--api-key / --base-url); add --embedded to ask the offline demo upstream instead "

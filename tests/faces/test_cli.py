@@ -210,3 +210,12 @@ def test_a_batch_that_tried_nothing_says_so() -> None:
     summary = streamres.BatchSummary(5, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0.1)
     _summary(summary, lines.append)
     assert "none was tried" in lines[0] and "%" not in lines[0]
+
+
+def test_a_claude_model_named_without_a_key_asks_for_the_anthropic_key() -> None:
+    """``--model claude-…`` with no key or base URL: the refusal names ANTHROPIC_API_KEY, the
+    key that model needs, not OpenAI's."""
+    got = run("ask", "--model", "claude-sonnet-4-5", "Explain TCP slow start.")
+    assert got.returncode == 2
+    assert "model claude-sonnet-4-5 is a real service" in got.stderr
+    assert "set ANTHROPIC_API_KEY" in got.stderr and "OPENAI_API_KEY" not in got.stderr
