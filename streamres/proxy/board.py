@@ -42,7 +42,9 @@ BOARD_HTML = """<!doctype html>
 <body>
 <h1>Model health</h1>
 <p class="sub">Live from this proxy: which models are healthy, degraded, degrading or jammed,
-and why; the charts are the last five minutes (red: breaker opened, green: closed).
+and why — a model's status and the line under its name judge its last requests; each chart is
+the last five minutes in 10 s steps, the figure at its right the last 10 s (red: breaker
+opened, green: closed).
 <span id="state">connecting…</span></p>
 <div id="cards"></div>
 <script>
