@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import streamres
 
@@ -176,5 +177,22 @@ def test_the_pure_floors_import_nothing_of_the_shell() -> None:
         for path in sorted((ROOT / layer).glob("*.py"))
         for n in _named(path)
         if any(n == f or n.startswith(f + ".") for f in forbidden)
+    ]
+    assert found == []
+
+
+def test_no_test_fetches_a_package_while_it_runs() -> None:
+    """What the tests need is installed before they run (``.ci/run``: pip, apt, ``npm ci
+    --prefix tests/node``): no test module runs a package manager, so the suite passes with
+    no network once installed."""
+    tests = pathlib.Path(__file__).parents[1]
+    fetching = re.compile(
+        r"""["'](npm|npx|pip|pip3|apt-get|uv)["']\s*,\s*["'](install|ci|add|i)\b"""
+    )
+    found = [
+        f"{path.relative_to(tests)}: {m.group(0)}"
+        for path in sorted(tests.rglob("*.py"))
+        if "node_modules" not in path.parts
+        for m in fetching.finditer(path.read_text(encoding="utf-8"))
     ]
     assert found == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ import streamres
 from streamres.proxy import Config, ConfigError, running
 from streamres.proxy.config import HoldLimits, parse
 from streamres.upstream import FaultPlan, ModelSpec, Upstream, split_tokens
+from tests.helpers.node import node_env
 
 pytestmark = pytest.mark.anyio
 Q = [{"role": "user", "content": "Explain TCP slow start."}]
@@ -506,39 +506,14 @@ NODE_CLIENT = textwrap.dedent(
 )
 
 
-def _node_openai() -> Path | None:
-    """A directory with the openai npm package installed (STREAMRES_NODE_OPENAI, or npm)."""
-    if shutil.which("node") is None:
-        return None
-    explicit = os.environ.get("STREAMRES_NODE_OPENAI")
-    if explicit and (Path(explicit) / "node_modules" / "openai").exists():
-        return Path(explicit)
-    here = Path(__file__).parents[1] / ".node"
-    if (here / "node_modules" / "openai").exists():
-        return here
-    if shutil.which("npm") is None:
-        return None
-    here.mkdir(exist_ok=True)
-    done = subprocess.run(
-        ["npm", "install", "--silent", "--no-audit", "--no-fund", "openai@4"],
-        cwd=here,
-        capture_output=True,
-        timeout=300,
-    )
-    return here if done.returncode == 0 else None
-
-
-async def test_the_openai_npm_package_streams_the_exact_answer() -> None:
+async def test_the_openai_npm_package_streams_the_exact_answer(tmp_path: Path) -> None:
     """The official openai package under Node, through faults: the exact answer."""
-    where = _node_openai()
-    if where is None:
-        pytest.skip("node and npm are not on this machine")
-    (where / "client.js").write_text(NODE_CLIENT, encoding="utf-8")
+    env = node_env("openai")
+    script = tmp_path / "client.js"
+    script.write_text(NODE_CLIENT, encoding="utf-8")
     async with running(port=0, faults="error@20,reset@40", token_delay=0) as run:
         assert run.upstream is not None
-        done = await anyio.run_process(
-            ["node", str(where / "client.js"), run.url + "/v1"], check=False
-        )
+        done = await anyio.run_process(["node", str(script), run.url + "/v1"], check=False, env=env)
         assert done.returncode == 0, done.stderr.decode()
         assert json.loads(done.stdout)["text"] == _upstream_answer(run.upstream)
 

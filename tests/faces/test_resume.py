@@ -10,7 +10,6 @@ import contextlib
 import json
 import random
 import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from streamres.proxy.config import HoldLimits, parse
 from streamres.proxy.serve import running
 from streamres.upstream import Upstream
 from tests.helpers.network import relay
+from tests.helpers.node import node_env
 from tests.helpers.redis import EVERY_REDIS_ASYNCIO, connected
 
 pytestmark = pytest.mark.anyio
@@ -405,33 +405,24 @@ const [browserPath, url, mode, question] = process.argv.slice(2);
 """
 
 
-def _puppeteer() -> tuple[str, Path]:
-    """Chromium and a directory with puppeteer-core (npm), or the test is skipped."""
+def _puppeteer(tmp: Path) -> tuple[str, Path, dict[str, str]]:
+    """Chromium, the page's driver script and the environment it runs in (puppeteer-core, from
+    tests/node), or the test is skipped saying which is missing."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
-    here = Path(__file__).parents[1] / ".node"
-    if not (here / "node_modules" / "puppeteer-core").exists():
-        if shutil.which("npm") is None:
-            pytest.skip("node and npm are not on this machine")
-        here.mkdir(exist_ok=True)
-        subprocess.run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", "puppeteer-core@23"],
-            cwd=here,
-            capture_output=True,
-            timeout=300,
-            check=True,
-        )
-    (here / "chat.js").write_text(CHAT_SCRIPT, encoding="utf-8")
-    return browser, here
+    env = node_env("puppeteer-core")
+    script = tmp / "chat.js"
+    script.write_text(CHAT_SCRIPT, encoding="utf-8")
+    return browser, script, env
 
 
 @pytest.mark.parametrize("mode", ["reload", "cut"])
-async def test_the_chat_page_picks_its_answer_up_in_a_browser(mode: str) -> None:
+async def test_the_chat_page_picks_its_answer_up_in_a_browser(mode: str, tmp_path: Path) -> None:
     """Headless Chromium on the proxy's chat page: reloaded mid-answer, or with its network
     cut for a few seconds mid-answer, it ends showing the exact answer, once — and the
     upstream was asked once (the answer kept running while nobody read it)."""
-    browser, here = _puppeteer()
+    browser, script, env = _puppeteer(tmp_path)
     question = "Explain TCP slow start in a few sentences."
     async with (
         running(port=0, faults="none", token_delay=0.04) as run,
@@ -439,8 +430,8 @@ async def test_the_chat_page_picks_its_answer_up_in_a_browser(mode: str) -> None
     ):
         up = run.upstream
         assert up is not None
-        command = ["node", str(here / "chat.js"), browser, net.url, mode, question]
-        async with await anyio.open_process(command) as node:
+        command = ["node", str(script), browser, net.url, mode, question]
+        async with await anyio.open_process(command, env=env) as node:
             assert node.stdout is not None
             lines = b""
             async for data in node.stdout:
