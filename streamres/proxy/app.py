@@ -550,11 +550,16 @@ class Proxy:
     # -- the rest ------------------------------------------------------------------------
 
     def _models(self) -> dict[str, Any]:
+        """The names a client may ask for: the fallback chains first (what a person picking a
+        model wants: an answer that survives), then the single models, each in the config's
+        order."""
+        models = self.config.models
+        names = sorted(models, key=lambda name: len(models[name]) < 2)
         return {
             "object": "list",
             "data": [
                 {"id": name, "object": "model", "created": 0, "owned_by": "streamres"}
-                for name in self.config.models
+                for name in names
             ],
         }
 

@@ -5,7 +5,10 @@ keeps the answer's id (``x-streamres-answer``) and the number of the last event 
 ``localStorage`` with the text, and when the page is reloaded — or its connection drops — it
 asks ``GET /v1/answers/{id}/events`` with ``Last-Event-ID`` and shows the rest, each part once.
 It shows the proxy's status events (``x-streamres-status: events``) as a line under the answer,
-and Stop ends the answer on purpose (``POST /v1/answers/{id}/stop``).
+and Stop ends the answer on purpose (``POST /v1/answers/{id}/stop``); a stopped answer keeps a
+"stopped" mark. Enter sends (Shift+Enter, or Enter while an input method composes, is a new
+line); the conversation follows the answer down unless the reader has scrolled up; the model
+picker starts on the first fallback chain the proxy lists.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ CHAT_HTML = """<!doctype html>
   textarea { flex: 1 1 100%; min-height: 4rem; font: inherit; padding: .5rem; }
   button, select, input { font: inherit; padding: .3rem .7rem; }
   .error { color: #b31d28; }
+  .mark { display: block; color: #6a737d; font-size: .8rem; font-style: italic; }
 </style>
 </head>
 <body>
@@ -65,14 +69,24 @@ function headers(extra) {
   if ($("key").value) h.authorization = "Bearer " + $("key").value;
   return h;
 }
-function bubble(role, text) {
+function bubble(role, text, stopped) {
   const div = document.createElement("div");
   div.className = "msg"; div.dataset.role = role; div.textContent = text;
+  if (stopped) {
+    div.dataset.stopped = "true";
+    const mark = document.createElement("span");
+    mark.className = "mark"; mark.textContent = "stopped";
+    div.append(mark);
+  }
   return div;
 }
+function atBottom() {
+  return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 48;
+}
 function render() {
+  const follow = atBottom();   // a reader who scrolled up to read is left where they are
   const log = $("log");
-  log.replaceChildren(...state.messages.map((m) => bubble(m.role, m.content)));
+  log.replaceChildren(...state.messages.map((m) => bubble(m.role, m.content, m.stopped)));
   const a = state.answer;
   if (a) {
     const div = bubble("assistant", a.text);
@@ -81,6 +95,7 @@ function render() {
   }
   $("send").disabled = !!a; $("stop").disabled = !a || !a.id;
   document.body.dataset.state = a ? "answering" : "idle";
+  if (follow) window.scrollTo(0, document.documentElement.scrollHeight);
 }
 
 function event(ev) {
@@ -89,6 +104,8 @@ function event(ev) {
   if (ev.id !== null) a.last = ev.id;
   if (ev.event === "streamres.status") {
     say(JSON.parse(ev.data).message);
+  } else if (ev.event === "streamres.stopped") {
+    a.stopped = true;
   } else if (ev.data === "[DONE]") {
     a.done = true;
   } else if (ev.data) {
@@ -134,7 +151,7 @@ function finish() {
   const a = state.answer;
   if (!a) return;
   if (a.done) {
-    state.messages.push({ role: "assistant", content: a.text });
+    state.messages.push({ role: "assistant", content: a.text, stopped: !!a.stopped });
     state.answer = null;
     say("");
   } else if (a.error) {
@@ -176,7 +193,8 @@ async function ask(question) {
   state.messages.push({ role: "user", content: question });
   state.answer = { id: null, text: "", last: null, done: false, error: null };
   save(); render();
-  const body = { model: $("model").value || "demo", messages: state.messages, stream: true };
+  const messages = state.messages.map((m) => ({ role: m.role, content: m.content }));
+  const body = { model: $("model").value || "demo", messages, stream: true };
   try {
     const r = await fetch("/v1/chat/completions", {
       method: "POST", headers: headers(), body: JSON.stringify(body),
@@ -195,6 +213,14 @@ async function ask(question) {
   await follow();
 }
 
+$("q").onkeydown = (e) => {
+  // Enter sends; Shift+Enter is a new line, and so is the Enter that ends an input method's
+  // composition (typing Chinese: it picks the characters, it does not send).
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.keyCode !== 229) {
+    e.preventDefault();
+    $("ask").requestSubmit();
+  }
+};
 $("ask").onsubmit = (e) => {
   e.preventDefault();
   const q = $("q").value.trim();
@@ -214,7 +240,7 @@ fetch("/v1/models", { headers: headers() }).then((r) => r.json()).then((m) => {
     const o = document.createElement("option"); o.value = o.textContent = model.id;
     $("model").append(o);
   }
-  if (m.data && m.data.some((x) => x.id === "demo")) $("model").value = "demo";
+  // The proxy lists its fallback chains first: the picker starts on the first of them.
 }).catch(() => {});
 
 render();

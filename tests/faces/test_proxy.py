@@ -415,7 +415,8 @@ async def test_models_health_and_metrics() -> None:
             health = (await http.get(run.url + "/health")).json()
             metrics = (await http.get(run.url + "/metrics")).text
             board = (await http.get(run.url + "/")).text
-    assert {m["id"] for m in models["data"]} == {"demo", "demo-large", "demo-small"}
+    assert {m["id"] for m in models["data"]} == {"chat", "demo", "demo-large", "demo-small"}
+    assert models["data"][-1]["id"] == "demo-small"  # the chains first, then single models
     assert health["models"]["demo-large"]["requests"] == 1
     assert health["models"]["demo-small"]["reasons"] == ["too few requests to judge (0 of 5)"]
     assert 'streamres_requests_total{model="demo-large"} 1.0' in metrics

@@ -722,3 +722,97 @@ async def test_served_without_a_lifespan_answers_still_run() -> None:
                 got = r.json()
                 assert got["status"] == "completed"
                 assert got["output"][0]["content"][0]["text"] == up.answer(Q)
+
+
+EVERYDAY_SCRIPT = r"""
+const puppeteer = require("puppeteer-core");
+const [browserPath, url, width, height] = process.argv.slice(2);
+const idle = (n) => (document.body.dataset.state === "idle"
+  && document.querySelectorAll('.msg[data-role="assistant"]').length === n);
+(async () => {
+  const browser = await puppeteer.launch({
+    executablePath: browserPath, headless: true, args: ["--no-sandbox", "--disable-gpu"],
+  });
+  try {
+    const page = await browser.newPage();
+    await page.setViewport({ width: Number(width), height: Number(height) });
+    await page.goto(url + "/chat");
+    await page.waitForFunction(() => document.getElementById("model").options.length > 0);
+    const picked = await page.$eval("#model", (e) => e.value);
+    // Shift+Enter: a new line, nothing sent.
+    await page.type("#q", "Explain TCP slow start.");
+    await page.keyboard.down("Shift"); await page.keyboard.press("Enter");
+    await page.keyboard.up("Shift");
+    await page.type("#q", "In a few sentences.");
+    const draft = await page.$eval("#q", (e) => e.value);
+    const sentEarly = await page.$$eval(".msg", (m) => m.length);
+    // Enter: sent.
+    await page.keyboard.press("Enter");
+    await page.waitForFunction(idle, { timeout: 60000 }, 1);
+    const asked = await page.$eval('.msg[data-role="user"]', (e) => e.textContent);
+    const left = await page.$eval("#q", (e) => e.value);
+    // More answers than the window holds: the last one stays in view, Send with it.
+    for (let i = 2; i <= 4; i++) {
+      await page.type("#q", "And then, part " + i + "?");
+      await page.keyboard.press("Enter");
+      await page.waitForFunction(idle, { timeout: 60000 }, i);
+    }
+    const view = await page.evaluate(() => {
+      const send = document.getElementById("send").getBoundingClientRect();
+      const last = [...document.querySelectorAll('.msg[data-role="assistant"]')].pop()
+        .getBoundingClientRect();
+      return { taller: document.documentElement.scrollHeight > window.innerHeight,
+               sendInView: send.bottom <= window.innerHeight && send.top >= 0,
+               lastEndInView: last.bottom <= window.innerHeight + 1 };
+    });
+    // Stop mid-answer: the answer keeps a "stopped" mark.
+    await page.type("#q", "One more, slowly, please.");
+    await page.keyboard.press("Enter");
+    await page.waitForFunction(() => {
+      const a = document.getElementById("answer");
+      return a && a.textContent.length > 20 && !document.getElementById("stop").disabled;
+    }, { timeout: 30000 });
+    await page.click("#stop");
+    await page.waitForFunction(idle, { timeout: 30000 }, 5);
+    const stopped = await page.$eval('.msg[data-role="assistant"]:last-of-type',
+      (e) => ({ flag: e.dataset.stopped || "", mark: e.querySelector(".mark")?.textContent }));
+    console.log("DONE " + JSON.stringify({ picked, draft, sentEarly, asked, left, view, stopped }));
+  } finally {
+    await browser.close();
+  }
+})().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+
+@pytest.mark.parametrize(("width", "height"), [(1200, 700), (390, 700)], ids=["desktop", "phone"])
+async def test_the_chat_page_in_everyday_use(width: int, height: int, tmp_path: Path) -> None:
+    """Headless Chromium on /chat in front of the README's routes (a chain named ``chat``), at
+    desktop and phone widths: the picker starts on the chain; Shift+Enter is a new line and
+    Enter sends; after more answers than the window holds the last one and Send are in view;
+    a stopped answer says so."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    env = node_env("puppeteer-core")
+    script = tmp_path / "everyday.js"
+    script.write_text(EVERYDAY_SCRIPT, encoding="utf-8")
+    async with Upstream(token_delay=0.01, words=60) as up:
+        routes = [
+            {"name": "large", "model": "demo-large", "base_url": up.openai_url},
+            {"name": "small", "model": "demo-small", "base_url": up.openai_url},
+        ]
+        config = parse({"routes": routes, "models": {"chat": ["large", "small"]}}, {})
+        async with running(config, port=0) as run:
+            done = await anyio.run_process(
+                ["node", str(script), browser, run.url, str(width), str(height)],
+                check=False,
+                env=env,
+            )
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    got = json.loads(out.split("DONE ", 1)[1])
+    assert got["picked"] == "chat"
+    assert got["draft"] == "Explain TCP slow start.\nIn a few sentences." and got["sentEarly"] == 0
+    assert got["asked"] == got["draft"] and got["left"] == ""
+    assert got["view"] == {"taller": True, "sendInView": True, "lastEndInView": True}
+    assert got["stopped"] == {"flag": "true", "mark": "stopped"}
