@@ -145,6 +145,10 @@ class AttemptState:
         if self.first_content is None:
             self.first_content = now
 
+    def calls_made(self, calls: tuple[ToolCall, ...]) -> None:
+        """Whole tool calls came (handed on after this read's text)."""
+        self.calls = calls
+
     def take_calls(self) -> tuple[ToolCall, ...]:
         """Whole tool calls that came with this read (each handed on once)."""
         calls, self.calls = self.calls, ()

@@ -111,6 +111,31 @@ class Delivery:
                 self.ledger.add(text)
         return text
 
+    def continued_from(self, text: str) -> None:
+        """The caller has ``text`` of this answer already (``continue_from``): delivered, never
+        sent again; its length in the server's tokens is unknown."""
+        self.add(text)
+        self.server_tokens = None
+
+    def think(self, text: str) -> str:
+        """Reasoning came: what of it fits the answer's bounds, kept; returned to be shown."""
+        if text := self.fit(text):
+            self.thinking.append(text)
+        return text
+
+    def call(self, calls: tuple[ToolCall, ...]) -> None:
+        """The model's whole tool calls, the answer's."""
+        self.tool_calls = calls
+
+    def calls_too_long(self) -> None:
+        """Tool-call arguments past the answer's bound: no call is whole; the answer is cut."""
+        self.cut = "characters"
+
+    def keep_signed_thinking(self, blocks: list[dict[str, Any]]) -> None:
+        """The signed thinking that led to the first text shown (sent back on resume)."""
+        if not self.signed_thinking:
+            self.signed_thinking = list(blocks)
+
     # -- the ledger --------------------------------------------------------------------------
 
     def have_encoding(self, encoding: str, count: Counter) -> None:

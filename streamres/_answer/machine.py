@@ -130,9 +130,8 @@ class Answer:
         self.read_deadline = 0.0
         #: What reached the caller, and its books.
         self.delivery = Delivery(opts.read_limits.answer, opts.max_tokens)
-        if opts.continue_from:  # the caller has it: delivered already, never sent again
-            self.delivery.add(opts.continue_from)
-            self.delivery.server_tokens = None
+        if opts.continue_from:
+            self.delivery.continued_from(opts.continue_from)
         self.history: list[Attempt] = []
         self.chain = Chain(self.fleet, opts.chain)
         self.resumes = 0

@@ -133,7 +133,8 @@ class Reader:
             if text:
                 self.deliver(text, out)
         if attempt.calls:
-            calls = self.delivery.tool_calls = attempt.take_calls()
+            calls = attempt.take_calls()
+            self.delivery.call(calls)
             for call in calls:
                 out.append(ToolCallEvent(call.id, call.name, call.arguments))
         if ending:
@@ -174,9 +175,8 @@ class Reader:
                 self.deliver(text, out)
             if dedup.missed:
                 fail = self.seam.missed(attempt.route, self.memory)
-        if self.delivery.chars - attempt.chars_before and not self.delivery.signed_thinking:
-            # The signed blocks that led to the first text shown: sent back on resume.
-            self.delivery.signed_thinking = list(exchange.decoder.signed_thinking)
+        if self.delivery.chars - attempt.chars_before:
+            self.delivery.keep_signed_thinking(exchange.decoder.signed_thinking)
         return fail
 
 
@@ -235,11 +235,10 @@ def side(
     decoder.generating = False
     for kind, value in decoder.side:
         if kind == "thinking":
-            if value := delivery.fit(value):
-                delivery.thinking.append(value)
+            if value := delivery.think(value):
                 out.append(ThinkingEvent(value))
         else:
-            attempt.calls = value
+            attempt.calls_made(value)
     decoder.side.clear()
     if decoder.calls and sum(c.size for c in decoder.calls.values()) > delivery.room:
-        delivery.cut = "characters"  # tool-call arguments past the bound: no call is whole
+        delivery.calls_too_long()
