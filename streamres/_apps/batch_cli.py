@@ -48,6 +48,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("requests", help="the requests, one JSON object per line")
     p.add_argument("--output", "-o", required=True, help="the results file (JSON Lines, appended)")
+    p.add_argument(
+        "--errors",
+        help="where an OpenAI Batch input's failed requests go, as OpenAI's error file "
+        "(default: beside --output, out.jsonl -> out.errors.jsonl)",
+    )
     p.add_argument("--config", help="routes.toml (as for streamres proxy): routes, aliases, limits")
     add_target_arguments(p, token_delay=0.0)
     p.add_argument(
@@ -211,6 +216,8 @@ def _summary(s: streamres.BatchSummary, out: Callable[[str], None]) -> None:
         f"{plural(s.resumes, 'resume')}, {plural(s.fallbacks, 'fallback')}; "
         f"{s.input_tokens} tokens in, {s.output_tokens} out; {s.wall:.1f} s"
     )
+    if s.errors_file:
+        out(f"failed requests are in {s.errors_file} (as OpenAI's batch error file)")
     for ident, line, message in s.failures:
         out(f"  line {line}" + (f" ({ident})" if ident else "") + f": {message}")
 
@@ -236,6 +243,7 @@ async def _run(args: argparse.Namespace) -> int:
                 models=aliases,
                 model=model,
                 on_progress=report,
+                errors=args.errors,
             )
     _summary(summary, print)
     return 0 if summary.ok else 1

@@ -5,6 +5,7 @@ finished answer, and waits — for a slot, for health, for the window — with a
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -66,6 +67,9 @@ class BatchSummary:
     wall: float
     bad_lines: tuple[BadLine, ...] = ()
     failures: tuple[tuple[str, int, str], ...] = ()
+    #: Where the failed requests of an OpenAI Batch input are written, as OpenAI writes them
+    #: to a batch's error file ("" when this run wrote none there).
+    errors_file: str = ""
 
     @property
     def success_rate(self) -> float:
@@ -137,6 +141,36 @@ def _previous(path: str) -> tuple[dict[str, dict[str, Any]], bool]:
     return records, bool(data) and not data.endswith(b"\n")
 
 
+def _beside(path: str, tag: str) -> str:
+    """``path`` with ``tag`` before its suffix (``out.jsonl`` → ``out.errors.jsonl``)."""
+    root, ext = os.path.splitext(path)
+    return f"{root}{tag}{ext}"
+
+
+def _drop_lines(path: str, ids: set[str]) -> None:
+    """Rewrite the error file at ``path`` without the lines of ``ids`` (tried again now); a
+    torn last line goes too. Nothing to do when there is no such file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(
+            f"cannot read the error file {path!r}: {exc}", reason="invalid"
+        ) from None
+    kept = []
+    for text in lines:
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("custom_id") not in ids:
+            kept.append(text + "\n")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+
+
 def _default_concurrency(client: Client) -> int:
     """As many as the routes' limits let through at once, or 8 without limits."""
     accounts = client._account_limits
@@ -184,6 +218,7 @@ async def run_batch(
     deadline: float | None = None,
     on_progress: Callable[[BatchProgress], None] | None = None,
     clock: Callable[[], float] = time.time,
+    errors: str | os.PathLike[str] | None = None,
 ) -> BatchSummary:
     """Answer every request of ``requests`` (a JSON Lines file, or its lines) through
     ``client`` and append one result line per answer to ``results``, as each finishes.
@@ -199,6 +234,14 @@ async def run_batch(
     name none (default: the client picks by weight, so the answering model may differ from
     run to run). Bad lines are reported in the summary with their numbers; the rest run.
     ``clock``: the wall clock (seconds since the epoch) the window is read by.
+
+    Given OpenAI Batch API input lines, ``results`` is what OpenAI writes to a batch's output
+    file — the answered requests only — and the failed ones go to ``errors`` (by default
+    beside it: ``out.jsonl`` → ``out.errors.jsonl``) in OpenAI's error-file lines, so readers
+    written for OpenAI's output read every line of ``results``. A run again drops from
+    ``errors`` the requests it tries again: each ``custom_id`` is in one of the two files,
+    once. Anthropic Message Batches lines keep every result in ``results``, as Anthropic's
+    results do.
     """
     if concurrency is not None and (
         isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
@@ -222,6 +265,9 @@ async def run_batch(
         for j in jobs
         if not before.get(j.id, {}).get("ok")
     ]
+    failed_to = os.fspath(errors) if errors is not None else _beside(out, ".errors")
+    if any(j.shape == "openai" for j in jobs):  # the failures about to be tried again go
+        await anyio.to_thread.run_sync(_drop_lines, failed_to, {j.id for j in todo})
     run = _Run(
         pace=Pace(concurrency or _default_concurrency(client)),
         total=len(jobs),
@@ -235,7 +281,8 @@ async def run_batch(
             f"cannot write the results {out!r}: {exc.strerror or exc}", reason="invalid"
         ) from None
     batch = _Batch(client, run, sink, dict(models or {}), lane, deadline, on_progress)
-    async with sink:
+    batch.errors_path = failed_to
+    async with sink, batch:
         if torn:  # the last run died mid-line: that line is not a record, start a new one
             await sink.write("\n")
         batch.progress()
@@ -259,6 +306,7 @@ async def run_batch(
         wall=anyio.current_time() - run.started,
         bad_lines=tuple(bad),
         failures=tuple(_in_line_order(run.failures, bad)),
+        errors_file=failed_to if batch.errors is not None else "",
     )
 
 
@@ -277,6 +325,17 @@ class _Batch:
     ) -> None:
         self.client, self.run, self.sink, self.aliases = client, run, sink, aliases
         self.lane, self.deadline, self.on_progress = lane, deadline, on_progress
+        #: The error file of an OpenAI batch: its path, and the file once a failure came.
+        self.errors_path = ""
+        self.errors: anyio.AsyncFile[str] | None = None
+
+    async def __aenter__(self) -> _Batch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.errors is not None:
+            with anyio.CancelScope(shield=True):
+                await self.errors.aclose()
 
     def progress(self, last: Mapping[str, Any] | None = None) -> None:
         """Tell ``on_progress`` where the batch stands (the counts agree with one another:
@@ -302,9 +361,15 @@ class _Batch:
     async def write(self, job: Job, result: dict[str, Any]) -> None:
         """One write of the whole line, flushed: a crash leaves whole lines, or a torn last
         one that the next run sees as such."""
+        line = record(job, result, now=time.time(), token=uuid.uuid4().hex)
         with anyio.CancelScope(shield=True):
-            await self.sink.write(record(job, result, now=time.time(), token=uuid.uuid4().hex))
-            await self.sink.flush()
+            sink = self.sink
+            if job.shape == "openai" and not result.get("ok"):  # OpenAI's error file
+                if self.errors is None:
+                    self.errors = await anyio.open_file(self.errors_path, "a", encoding="utf-8")
+                sink = self.errors
+            await sink.write(line)
+            await sink.flush()
         self.progress({"id": job.id, **result})
 
     async def answer(self, job: Job) -> None:

@@ -211,9 +211,49 @@ async def test_an_openai_batch_file_gets_an_openai_batch_output_file(tmp_path: P
             assert r["response"]["body"]["choices"][0]["message"]["content"] == want
             assert body.choices[0].finish_reason == "stop" and body.model == "m"
             assert r["id"].startswith("batch_req_") and body.usage is not None
-    refused = [r for r in lines if r["custom_id"] == "r8"]
-    assert refused and refused[-1]["response"]["status_code"] == 400
-    assert "n=2" in refused[-1]["response"]["body"]["error"]["message"]
+    # The refused request is in the error file beside the output, as OpenAI writes it.
+    assert all(r["response"]["status_code"] == 200 for r in lines)
+    (refused,) = _records(tmp_path / "out.errors.jsonl")
+    assert summary.errors_file == str(tmp_path / "out.errors.jsonl")
+    assert refused["custom_id"] == "r8" and refused["response"]["status_code"] == 400
+    assert "n=2" in refused["response"]["body"]["error"]["message"]
+
+
+async def test_a_batch_with_failures_is_read_by_openais_cookbook_reader(tmp_path: Path) -> None:
+    """Failures in the input (refused requests, a server that never answers): the output file
+    holds only answers, which the reader OpenAI's cookbook shows reads line by line without a
+    KeyError; the failures are in the error file in OpenAI's shapes (a refusal's 4xx body, or
+    ``response: null`` with ``error``). Run again with the server well, each failed request
+    is tried again and moves to the output: every ``custom_id`` in one file, once."""
+    requests, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [_openai_line(i) for i in range(6)]
+    lines[1] = _openai_line(1, n=2)  # refused by the API: n is not supported
+    lines[2], lines[3] = _openai_line(2, model="bad"), _openai_line(3, model="bad")
+    requests.write_text("\n".join(lines))
+    ok_ids = {f"r{i}" for i in (0, 2, 3, 4, 5)}
+    async with Upstream() as dead:
+        dead_url = dead.openai_url  # nothing listens there any more
+    async with Upstream() as up:
+        good = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        down = streamres.Route("down", base_url=dead_url, api_key="k")
+        async with streamres.Client([good, down], deadline=30) as client:
+            # The first run: r1 refused; "bad" is a server that cannot be reached.
+            summary = await streamres.run_batch(client, requests, results, models={"bad": ["down"]})
+            assert (summary.answered, summary.failed) == (3, 3)
+            output = _records(results)
+            for json_object in output:  # OpenAI's cookbook, reading the results
+                json_object["response"]["body"]["choices"][0]["message"]["content"]
+            errors = _records(tmp_path / "out.errors.jsonl")
+            assert {e["custom_id"] for e in errors} == {"r1", "r2", "r3"}
+            assert {o["custom_id"] for o in output} == ok_ids - {"r2", "r3"}
+            no_answer = [e for e in errors if e["custom_id"] in ("r2", "r3")]
+            assert all(e["response"] is None and e["error"]["code"] for e in no_answer)
+            # The second run, "bad" now the good server: r2 and r3 answered, r1 refused again.
+            summary = await streamres.run_batch(client, requests, results, models={"bad": ["m"]})
+            assert (summary.answered, summary.failed, summary.skipped) == (2, 1, 3)
+    output, errors = _records(results), _records(tmp_path / "out.errors.jsonl")
+    assert sorted(o["custom_id"] for o in output) == sorted(ok_ids)
+    assert [e["custom_id"] for e in errors] == ["r1"]
 
 
 async def test_an_anthropic_message_batch_gets_anthropic_result_lines(tmp_path: Path) -> None:
