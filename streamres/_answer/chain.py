@@ -3,8 +3,9 @@ answer. Pure.
 
 The chain is the order the answer's models are tried in (``Options.chain``, indexes into the
 fleet's routes; a model may stand in it more than once). For each position it keeps the
-model's consecutive failures (what the policy reads) and whether the model refused this
-answer's request for its length (never that model again, for this answer).
+model's consecutive failures (what the policy reads), whether the model refused this
+answer's request for its length, and whether its key or account is out of credit (never that
+model again, nor any on the same key or account, for this answer).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["Chain"]
 class Chain:
     """The models of one answer, in order, and the one it is on."""
 
-    __slots__ = ("failures", "fleet", "has_fallback", "indexes", "pos", "too_long")
+    __slots__ = ("failures", "fleet", "has_fallback", "indexes", "out_of_credit", "pos", "too_long")
 
     def __init__(self, fleet: Fleet, indexes: Sequence[int]) -> None:
         self.fleet = fleet
@@ -34,6 +35,8 @@ class Chain:
         self.failures = [0] * len(self.indexes)
         #: Positions whose model refused this answer's request for its length.
         self.too_long = [False] * len(self.indexes)
+        #: Positions whose key or account is out of credit.
+        self.out_of_credit = [False] * len(self.indexes)
         #: The chain has another model to go to (the header and first-output bounds apply).
         self.has_fallback = len(set(self.indexes)) > 1
 
@@ -64,6 +67,11 @@ class Chain:
         """The current model's attempt failed with ``kind`` (``added``: it delivered text)."""
         if kind == "context_length":
             self.too_long[self.pos] = True
+        elif kind == "quota":  # every model on that key or account: the credit is the key's
+            spent = _payer(self.route)
+            for at, i in enumerate(self.indexes):
+                if _payer(self.fleet.routes[i]) == spent:
+                    self.out_of_credit[at] = True
         self.failures[self.pos] = consecutive_failures(
             kind, self.failures[self.pos], added=added, seam_tries=seam_tries
         )
@@ -86,4 +94,10 @@ class Chain:
             reached=reached,
             too_long=self.too_long,
             windows=self.windows(),
+            out_of_credit=self.out_of_credit,
         )
+
+
+def _payer(route: Route) -> str:
+    """Who pays for ``route``'s requests: its key, else its account (else its server)."""
+    return route.api_key or route.account or route.base_url or ""

@@ -22,7 +22,9 @@ malformed          a chunk that is not the JSON the protocol promises          y
 prefill_rejected   400 saying assistant prefill is unsupported                 yes, instruct
 context_length     400 ``context_length_exceeded``, "maximum context length",  on the next
                    "prompt is too long", "exceeds the available context size"  model only
-permanent          other 4xx: bad request, auth, not found, quota              no
+permanent          other 4xx: bad request, auth, not found                     no
+quota              ``insufficient_quota``, ``billing_error``: the account is   on another
+                   out of credit                                               account only
 deadline           the overall deadline ran out (not the model's fault)        no time left
 replay_unavailable a background response cannot be re-attached to             yes, continue
 client_busy        a connect timed out while this process's event loop ran    yes, not the
@@ -65,6 +67,7 @@ FailureKind = Literal[
     "replay_unavailable",
     "ended_at_seam",
     "client_busy",
+    "quota",
 ]
 
 
@@ -85,7 +88,7 @@ class Failure:
 
     @property
     def retryable(self) -> bool:
-        return self.kind != "permanent"
+        return self.kind not in ("permanent", "quota")
 
 
 def failure(kind: FailureKind, message: str) -> Failure:
@@ -128,6 +131,8 @@ def _too_long(kind: FailureKind, message: str, names: set[str]) -> bool:
     return bool(names & _CONTEXT_TYPES) or bool(_CONTEXT.search(message))
 
 
+#: The account is out of credit: no retry on it helps, another account's key may.
+_QUOTA_TYPES = frozenset({"insufficient_quota", "billing_error"})
 _RATE_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded", "rate_limited", "tokens"})
 _PERMANENT_TYPES = frozenset(
     {
@@ -180,6 +185,8 @@ def classify_error_object(error: Any) -> Failure:
     if kind is None:
         if names & _CAPACITY_TYPES:
             kind = "capacity"
+        elif names & _QUOTA_TYPES:
+            kind = "quota"
         elif names & _PERMANENT_TYPES:
             kind = "permanent"
         elif names & _RATE_TYPES:
@@ -250,8 +257,8 @@ def classify_response(
     message, error_type, names = _describe(_error_of(parsed, body))
     kind = _by_message(message)
     if kind is None:
-        if names & {"insufficient_quota", "billing_error"}:
-            kind = "permanent"
+        if names & _QUOTA_TYPES:
+            kind = "quota"
         elif names & _CAPACITY_TYPES:
             kind = "capacity"
         else:

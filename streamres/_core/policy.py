@@ -2,7 +2,10 @@
 
 The rules, in order:
 
-1. a permanent error (bad request, auth, not found, quota) is never retried; a request longer
+1. a permanent error (bad request, auth, not found) is never retried; an account out of credit
+   (``quota``: ``insufficient_quota``, ``billing_error``) is not asked again, nor is any model on
+   the same key or account, but the answer goes on to the next model of the chain on another
+   account or provider, and is refused when none is left; a request longer
    than the model's context window (``context_length``) is never sent to that model again,
    but goes on to the next model of the chain that has not refused it for its length (a
    larger window may take it) — where routes declare their windows, a larger one first, and
@@ -123,9 +126,10 @@ def consecutive_failures(kind: str, current: int, *, added: bool, seam_tries: in
         # The model is well, it would not continue: the first time it is asked again (in the
         # other wording); the second, :func:`decide` moves to the next model.
         return seam_tries
-    if kind in ("client_busy", "context_length"):
-        # This side's failure, not the model's; a request too long for the model is not a
-        # failure of it either (that model is not asked again for this answer).
+    if kind in ("client_busy", "context_length", "quota"):
+        # This side's failure, not the model's; a request too long for the model, or an
+        # account out of credit, is not a failure of the model either (it is not asked again
+        # for this answer).
         return current
     return 1 if added else current + 1
 
@@ -144,13 +148,21 @@ def decide(
     reached: bool = True,
     too_long: Sequence[bool] = (),
     windows: Sequence[int | None] = (),
+    out_of_credit: Sequence[bool] = (),
 ) -> Decision:
     """``failures[i]``: consecutive failures of model ``i``, this one included; ``reached``:
     the current model's server has answered at least once (in this process); ``too_long[i]``:
     model ``i`` refused this answer's request for its length (this one included);
-    ``windows[i]``: model ``i``'s context window in tokens, where its route declares one."""
+    ``windows[i]``: model ``i``'s context window in tokens, where its route declares one;
+    ``out_of_credit[i]``: model ``i``'s key or account is out of credit (this one included)."""
     if failure.kind == "permanent":
         return Decision("give_up", error="rejected", why=failure.message)
+    if failure.kind == "quota":
+        other = _other_payer(model_index, out_of_credit or [False] * len(failures))
+        if other is not None:
+            return Decision("switch", model_index=other)
+        whose = "every account of the chain" if len(failures) > 1 else "the account"
+        return Decision("give_up", error="rejected", why=f"{failure.message} ({whose})")
     if failure.kind == "context_length":
         nxt = _longer(model_index, len(failures), too_long, windows)
         if nxt is not None:
@@ -208,6 +220,16 @@ def decide(
     else:
         why = f"the next retry ({delay:.1f} s away) would come after the deadline"
     return Decision("give_up", error="deadline", why=why)
+
+
+def _other_payer(model_index: int, out_of_credit: Sequence[bool]) -> int | None:
+    """Rule 1: the next model of the chain whose key or account still has credit."""
+    n = len(out_of_credit)
+    for step in range(1, n):
+        nxt = (model_index + step) % n
+        if not out_of_credit[nxt]:
+            return nxt
+    return None
 
 
 def _longer(

@@ -29,6 +29,7 @@ _REASONS = {
     "replay_unavailable": "Could not re-attach to the answer",
     "ended_at_seam": "The model did not continue the answer",
     "client_busy": "This computer was too busy to hear the server in time",
+    "quota": "The account is out of credit",
 }
 
 
@@ -64,6 +65,8 @@ def fallback_message(from_model: str, to_model: str, reason: str = "capacity") -
         return f"Cannot reach {from_model} — switching you to {to_model}"
     if reason == "context_length":
         return f"This conversation is too long for {from_model} — switching you to {to_model}"
+    if reason == "quota":
+        return f"The account for {from_model} is out of credit — switching you to {to_model}"
     what = _REASONS.get(reason, reason).lower()
     return f"{from_model} is not answering well ({what}) — switching you to {to_model}"
 

@@ -26,6 +26,7 @@ REASONS = {
         "rejected": "The request was refused",
         "context_length": "Too long for the model's context window",
         "client_busy": "This computer was too busy to hear the server in time",
+        "quota": "The account is out of credit",
         "hedge": "Slow to start",
     },
     "zh": {
@@ -43,6 +44,7 @@ REASONS = {
         "rejected": "请求被拒绝",
         "context_length": "对话超出了模型的上下文长度",
         "client_busy": "本机太忙，没能及时收到服务器的回应",
+        "quota": "账户余额不足",
         "hedge": "启动缓慢",
     },
 }

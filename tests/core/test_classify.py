@@ -20,7 +20,7 @@ def _headers(**kw: str) -> httpx.Headers:
     ("status", "body", "kind"),
     [
         (429, '{"error":{"message":"Rate limit reached","type":"requests"}}', "rate_limit"),
-        (429, '{"error":{"message":"quota","type":"insufficient_quota"}}', "permanent"),
+        (429, '{"error":{"message":"quota","type":"insufficient_quota"}}', "quota"),
         (503, "Service Unavailable", "capacity"),
         (
             529,

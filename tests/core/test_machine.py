@@ -1096,3 +1096,53 @@ def test_the_log_tells_of_cool_downs_weights_and_urls() -> None:
     logs = recorder.logs
     (weight,) = [e for e in logs if e["event"] == "streamres.weight_changed"][:1]
     assert weight["model"] == "m0#0" and weight["weight"] == pytest.approx(0.7)
+
+
+def _quota_routes(*keys: str) -> Options:
+    routes = [
+        resolve_route(
+            Route(f"m{i}", base_url="http://upstream.test/v1", api_key=key, name=f"m{i}#{i}")
+        )
+        for i, key in enumerate(keys)
+    ]
+    return options(fleet=Fleet(routes, breaker_threshold=10**9))
+
+
+_OUT_OF_CREDIT = (
+    b'{"error":{"message":"You exceeded your current quota","type":"insufficient_quota"}}'
+)
+
+
+def _refused_for_quota(m: Answer, t: float) -> Any:
+    act = m.started(429, {"content-type": "application/json"}, t, queued=0.0)
+    assert isinstance(act, ReadBody)
+    return m.body(_OUT_OF_CREDIT, t, wall=0.0)
+
+
+def test_an_account_out_of_credit_moves_the_answer_to_another_account() -> None:
+    """``insufficient_quota`` on the first model's key: not asked again, and the answer goes at
+    once to the next model of the chain on another key, which answers it; the fallback event
+    says the account is out of credit."""
+    m = Answer(_quota_routes("sk-spent", "sk-other"), now=0.0)
+    act = m.start_answer(0.0)
+    assert isinstance(act, Send) and act.request.body["model"] == "m0"
+    act = _refused_for_quota(m, 0.01)
+    assert isinstance(act, Send) and act.request.body["model"] == "m1"
+    (fallback,) = [e for e in m.events if isinstance(e, FallbackEvent)]
+    assert fallback.reason == "quota" and fallback.to_model == "m1"
+    assert fallback.message == "The account for m0 is out of credit — switching you to m1"
+
+
+def test_an_account_out_of_credit_is_never_asked_again_under_another_model() -> None:
+    """The credit is the key's: a chain whose other model is on the same key has nothing left
+    to try — RequestRejected at once, the second model never asked; a third on another key is
+    asked instead of it."""
+    m = Answer(_quota_routes("sk-spent", "sk-spent"), now=0.0)
+    m.start_answer(0.0)
+    act = _refused_for_quota(m, 0.01)
+    assert isinstance(act, Fail) and isinstance(act.error, RequestRejected)
+    assert act.error.reason == "quota" and act.error.attempts == 1
+    m = Answer(_quota_routes("sk-spent", "sk-spent", "sk-other"), now=0.0)
+    m.start_answer(0.0)
+    act = _refused_for_quota(m, 0.01)
+    assert isinstance(act, Send) and act.request.body["model"] == "m2"
