@@ -251,3 +251,22 @@ async def test_every_circuit_open_waits_for_the_first_probe() -> None:
         waits = [e for e in events if e.type == "retry" and e.reason == "circuit_open"]
         assert waits and "All models are busy" in waits[0].message
         assert 0 <= waits[0].delay <= 0.1
+
+
+async def test_an_account_out_of_credit_is_left_for_another_accounts_model() -> None:
+    """A real 429 ``insufficient_quota`` from the first model's account: the answer comes from
+    the next model, on another key, asked at once; the spent account is asked once — and a
+    model on the same key as the spent one is never asked."""
+    spent = ModelSpec(faults=FaultPlan("429:type=insufficient_quota*9"))
+    async with Upstream(models={"a": spent, "a-mini": spent}) as up:
+        routes = [
+            Route("a", base_url=up.openai_url, api_key="k-spent"),
+            Route("a-mini", base_url=up.openai_url, api_key="k-spent"),
+            Route("b", base_url=up.openai_url, api_key="k-other"),
+        ]
+        async with Client(routes, backoff=FAST) as client:
+            text, events, done = await collect(client.stream(USER, model=["a", "a-mini", "b"]))
+    assert text == up.answer(USER) and done.model == "b"
+    assert [r.model for r in up.requests] == ["a", "b"]
+    (fallback,) = [e for e in events if e.type == "fallback"]
+    assert fallback.reason == "quota" and "out of credit" in fallback.message
