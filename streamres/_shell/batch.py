@@ -167,8 +167,9 @@ def _drop_lines(path: str, ids: set[str]) -> None:
             continue
         if isinstance(rec, dict) and rec.get("custom_id") not in ids:
             kept.append(text + "\n")
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:  # whole, or not at all
         f.writelines(kept)
+    os.replace(path + ".tmp", path)
 
 
 def _default_concurrency(client: Client) -> int:
