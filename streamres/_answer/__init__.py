@@ -1,7 +1,12 @@
 """The answer: one answer's state machine, above the providers and the fleet (pure).
 
-``states`` is the table of what may follow what; ``machine`` applies it; ``attempt``,
-``delivery`` and ``request`` hold the attempt in progress, what reached the caller (and its
-count), and how the next request is built; ``actions`` and ``memory`` are what the machine asks
-of its shell and what it is given; ``options`` is one answer's checked arguments.
+``states`` is the table — state × event → next state — and its theory of operation; ``machine``
+(``Answer``) takes the shell's facts, moves by the table and runs the steps; ``actions`` is what
+it asks of its shell. The rooms its steps work with, each owning its changes: ``chain`` (the
+models in order and each one's record), ``attempt`` (the attempt in progress and its exchange),
+``delivery`` (what reached the caller, and its books), ``seam`` (a continuation that did not
+continue), ``reattach`` (a response the server kept generating), ``memory`` (what the process
+learnt of servers), ``counting`` (the token encodings), ``reading`` (a response's reads),
+``request`` (the next request), ``choice`` (which model), ``telling`` (what the caller is told);
+``options`` is one answer's checked arguments.
 """
