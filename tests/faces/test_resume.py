@@ -405,15 +405,15 @@ const [browserPath, url, mode, question] = process.argv.slice(2);
 """
 
 
-def _puppeteer(tmp: Path) -> tuple[str, Path, dict[str, str]]:
-    """Chromium, the page's driver script and the environment it runs in (puppeteer-core, from
-    tests/node), or the test is skipped saying which is missing."""
+def _puppeteer(tmp: Path, source: str = CHAT_SCRIPT) -> tuple[str, Path, dict[str, str]]:
+    """Chromium, the page's driver script (``source``) and the environment it runs in
+    (puppeteer-core, from tests/node), or the test is skipped saying which is missing."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
     env = node_env("puppeteer-core")
-    script = tmp / "chat.js"
-    script.write_text(CHAT_SCRIPT, encoding="utf-8")
+    script = tmp / "driver.js"
+    script.write_text(source, encoding="utf-8")
     return browser, script, env
 
 
@@ -790,12 +790,7 @@ async def test_the_chat_page_in_everyday_use(width: int, height: int, tmp_path: 
     desktop and phone widths: the picker starts on the chain; Shift+Enter is a new line and
     Enter sends; after more answers than the window holds the last one and Send are in view;
     a stopped answer says so."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    env = node_env("puppeteer-core")
-    script = tmp_path / "everyday.js"
-    script.write_text(EVERYDAY_SCRIPT, encoding="utf-8")
+    browser, script, env = _puppeteer(tmp_path, EVERYDAY_SCRIPT)
     async with Upstream(token_delay=0.01, words=60) as up:
         routes = [
             {"name": "large", "model": "demo-large", "base_url": up.openai_url},
