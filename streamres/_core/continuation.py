@@ -30,7 +30,9 @@ Instruct has wordings (``wording``): the first puts the partial answer in an ass
 asks in a user turn to continue; the second also quotes the partial answer's last words in the
 instruction, so a model that re-reads the instruction rather than its own turn knows where to
 pick up. A continuation that ends at the seam, adding nothing, is asked again in the other
-wording.
+wording. Both are in the language of the answer being continued: a Chinese answer (most of its
+last letters Han) is asked in Chinese, so the model is not pulled towards English at the seam;
+any other in English.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from typing import Any, Literal
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
+    "CONTINUE_INSTRUCTION_ZH",
     "Continuation",
     "Strategy",
     "build_continuation",
     "choose",
     "continues_prefill",
     "instruction",
+    "language_of",
     "thinking_enabled",
 ]
 
@@ -55,6 +59,13 @@ Strategy = Literal["prefill", "prefix", "instruct"]
 CONTINUE_INSTRUCTION = (
     "Your previous reply was cut off. Continue exactly where it stopped, from the next "
     "character: do not repeat anything already written, and add no preamble or commentary."
+)
+
+
+#: The same, for an answer in Chinese.
+CONTINUE_INSTRUCTION_ZH = (
+    "你上一条回复被截断了。请从中断处的下一个字接着写：不要重复已经写过的内容，"
+    "也不要加开场白或说明。"
 )
 
 
@@ -73,12 +84,31 @@ class Continuation:
 QUOTE_CHARS = 160
 
 
+#: How many of the partial answer's last characters say its language.
+_LANGUAGE_CHARS = 400
+
+
+def language_of(partial: str) -> Literal["en", "zh"]:
+    """The language a continuation of ``partial`` is asked in: ``zh`` when most of its last
+    letters are Han (a Chinese answer; an English one that names a few Chinese terms is not),
+    else ``en``."""
+    letters = [c for c in partial[-_LANGUAGE_CHARS:] if c.isalpha()]
+    han = sum("\u4e00" <= c <= "\u9fff" or "\u3400" <= c <= "\u4dbf" for c in letters)
+    return "zh" if letters and han * 2 > len(letters) else "en"
+
+
 def instruction(partial: str, wording: int) -> str:
     """The user turn that asks to continue, in wording ``wording`` (0: plain, 1: quoting the
-    partial answer's last words)."""
+    partial answer's last words), in the partial answer's language (:func:`language_of`)."""
+    chinese = language_of(partial) == "zh"
     if wording % 2 == 0:
-        return CONTINUE_INSTRUCTION
+        return CONTINUE_INSTRUCTION_ZH if chinese else CONTINUE_INSTRUCTION
     tail = partial[-QUOTE_CHARS:]
+    if chinese:
+        return (
+            f"你上一条回复被截断了，结尾是：«{tail}»。请从中断处的下一个字接着写：不要重复"
+            "已经写过的内容，不要从头再写，也不要加开场白或说明。"
+        )
     cut = tail.find(" ")
     if len(partial) > QUOTE_CHARS and 0 <= cut < 40:
         tail = tail[cut + 1 :]  # from a word start

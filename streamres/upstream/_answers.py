@@ -51,7 +51,9 @@ InstructBehaviour = Literal[
 
 #: What the fake model recognises as "continue where you stopped" (a real model understands
 #: any phrasing; this one looks for the words of streamres' own instruction).
-CONTINUE_MARKER = re.compile(r"continue exactly where", re.IGNORECASE)
+CONTINUE_MARKER = re.compile(r"continue exactly where|从中断处", re.IGNORECASE)
+#: The words of the quoting wording (it repeats the partial answer's end), in either language.
+QUOTED_MARKER = re.compile(r"It ended with: «|结尾是：«")
 PREAMBLE = "Sure, continuing from where I left off: "
 #: Preamble wordings by language (the first of each is used by ``instruct="preamble"`` when the
 #: conversation's draw says so; all of them occur).
@@ -534,7 +536,7 @@ def _plan_text(
         cut = _common_prefix(full, partial)
         if instruct == "exact":
             return Reply(full, full[cut:], "instruct")
-        quoted = "It ended with: «" in _text_of(last.get("content", ""))
+        quoted = bool(QUOTED_MARKER.search(_text_of(last.get("content", ""))))
         if instruct == "shorter" or (instruct == "quoted" and not quoted):
             # What small instruct models do: start the answer again and stop before reaching
             # the cut, so the continuation adds nothing (it ends at the seam).

@@ -308,7 +308,7 @@ def test_a_continuation_that_writes_none_of_the_held_back_token_is_asked_again_w
     sent = [r.request.body["messages"] for r in run.requests[1:]]
     assert sent[0][-2] == {"role": "assistant", "content": "沿着一条直线摆"}
     assert sent[1][-2] == {"role": "assistant", "content": "沿着一条直线摆动"}
-    assert "It ended with: «沿着一条直线摆动»" in sent[1][-1]["content"]
+    assert "结尾是：«沿着一条直线摆动»" in sent[1][-1]["content"]  # asked in the answer's language
     (done,) = run.of(DoneEvent)
     outcomes = [(a.outcome, a.chars) for a in done.history]
     assert outcomes == [("connection", 8), ("ended_at_seam", 0), ("ok", 8)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -434,3 +435,29 @@ def test_other_servers_stop_words_are_openais() -> None:
         "stop",
         "length",
     ]
+
+
+def test_a_continuation_is_asked_in_the_language_of_the_answer() -> None:
+    """A Chinese answer is asked to go on in Chinese, in both wordings (the quoting one with its
+    last characters); an English one — even naming a few Chinese terms — in English."""
+    from streamres._core.continuation import (
+        CONTINUE_INSTRUCTION,
+        CONTINUE_INSTRUCTION_ZH,
+        instruction,
+        language_of,
+    )
+
+    chinese = (
+        "拥塞控制的慢启动阶段，发送方每收到一个确认就把拥塞窗口加一，因此窗口每个往返时间翻倍，直到"
+    )
+    english = (
+        "Slow start doubles the congestion window (拥塞窗口) every round trip until a loss or "
+    )
+    assert (language_of(chinese), language_of(english), language_of("")) == ("zh", "en", "en")
+    assert instruction(chinese, 0) == CONTINUE_INSTRUCTION_ZH
+    quoting = instruction(chinese, 1)
+    assert (
+        "结尾是：«" in quoting and chinese[-20:] in quoting and not re.search("[A-Za-z]", quoting)
+    )
+    assert instruction(english, 0) == CONTINUE_INSTRUCTION
+    assert "It ended with: «" in instruction(english, 1)
