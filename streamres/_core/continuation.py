@@ -31,8 +31,7 @@ asks in a user turn to continue; the second also quotes the partial answer's las
 instruction, so a model that re-reads the instruction rather than its own turn knows where to
 pick up. A continuation that ends at the seam, adding nothing, is asked again in the other
 wording. Both are in the language of the answer being continued: a Chinese answer (most of its
-last letters Han) is asked in Chinese, so the model is not pulled towards English at the seam;
-any other in English.
+last letters Han) is asked in Chinese, any other in English.
 """
 
 from __future__ import annotations

@@ -281,8 +281,7 @@ async def run_batch(
         raise InvalidRequest(
             f"cannot write the results {out!r}: {exc.strerror or exc}", reason="invalid"
         ) from None
-    batch = _Batch(client, run, sink, dict(models or {}), lane, deadline, on_progress)
-    batch.errors_path = failed_to
+    batch = _Batch(client, run, sink, failed_to, dict(models or {}), lane, deadline, on_progress)
     async with sink, batch:
         if torn:  # the last run died mid-line: that line is not a record, start a new one
             await sink.write("\n")
@@ -319,6 +318,7 @@ class _Batch:
         client: Client,
         run: _Run,
         sink: anyio.AsyncFile[str],
+        errors_path: str,
         aliases: dict[str, Sequence[str]],
         lane: int,
         deadline: float | None,
@@ -327,7 +327,7 @@ class _Batch:
         self.client, self.run, self.sink, self.aliases = client, run, sink, aliases
         self.lane, self.deadline, self.on_progress = lane, deadline, on_progress
         #: The error file of an OpenAI batch: its path, and the file once a failure came.
-        self.errors_path = ""
+        self.errors_path = errors_path
         self.errors: anyio.AsyncFile[str] | None = None
 
     async def __aenter__(self) -> _Batch:

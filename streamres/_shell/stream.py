@@ -557,7 +557,10 @@ async def _run(
     try:
         act = answer.start_answer(shell.now())
         while True:
-            if fleet.news and shared is not None:  # what other processes should learn
+            # What other processes should learn, sent before the events go out: news come
+            # from a step that ends an attempt or takes a retry ticket, whose next action is
+            # never READ (the per-token path does not look).
+            if shared is not None and act is not READ and fleet.news:
                 shared.tell(fleet.take_news())
             if answer.events:
                 events, answer.events = answer.events, []
@@ -584,7 +587,7 @@ async def _run(
         raise answer.crashed(exc) from exc
     finally:
         answer.abandon()
-        if fleet.news and shared is not None:
+        if shared is not None and fleet.news:
             shared.tell(fleet.take_news())
         try:
             await shell.shut()

@@ -107,8 +107,6 @@ class SharedState(Leases, Broadcast, Budget, Metrics):
             (name, self._redis.register_script(src)) for name, src in sources.items()
         )
         self.handlers.setdefault("weight", self._weighed)
-        #: The balance the fleet's shared bucket starts with (the first process creates it).
-        self._initial_balance = self.fleet.budget.balance
         self.fleet.telling = True
         try:
             # The clients are held by tasks of their own, outside the parts' task group: they
