@@ -208,8 +208,12 @@ class RedisClusterServers(_Servers):
     def _wait_ok(self) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
+            # Every node serving, and every node's map of the slots the same one (a node that
+            # has not yet learnt its peers' addresses answers a client differently).
             if all("cluster_state:ok" in self.cli(p, "cluster", "info") for p in self.ports):
-                return
+                maps = {self.cli(p, "cluster", "slots") for p in self.ports}
+                if len(maps) == 1:
+                    return
             time.sleep(0.05)
         raise RuntimeError("the cluster did not come up")
 

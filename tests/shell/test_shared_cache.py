@@ -38,6 +38,14 @@ async def _ask(client: streamres.Client, text: str) -> DoneEvent:
     return done
 
 
+async def _joined(client: streamres.Client) -> None:
+    """Until the client is on the fleet's Redis (a cluster just made may refuse its first
+    calls: the client starts on its own and joins within a second)."""
+    assert client._shared_state is not None
+    with anyio.fail_after(10):
+        await client._shared_state.back()
+
+
 async def _flushed(client: streamres.Client) -> None:
     assert client._flights is not None and client._flights.remote is not None
     await client._flights.remote.flushed()
@@ -57,9 +65,11 @@ async def test_an_answer_kept_by_one_process_is_a_hit_for_another(
     answered — no upstream request, the same text, marked a hit."""
     async with Upstream() as up:
         async with _client(up, redis_servers, streamres.Cache()) as a:
+            await _joined(a)
             first = await _ask(a, "Explain TCP slow start.")
             await _flushed(a)
         async with _client(up, redis_servers, streamres.Cache()) as b:
+            await _joined(b)
             again = await _ask(b, "Explain TCP slow start.")
         assert len(up.requests) == 1
         assert (
