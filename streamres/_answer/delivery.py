@@ -20,6 +20,7 @@ from streamres._core.bounds import token_bytes
 from streamres._core.dedup import Deduplicator
 from streamres._core.events import ToolCall, Usage
 from streamres._core.tokens import Counter, TokenLedger, count_long
+from streamres._providers.wire import StreamDecoder
 
 __all__ = ["JOINS", "Delivery", "Join", "Tally"]
 
@@ -126,6 +127,15 @@ class Delivery:
     def call(self, calls: tuple[ToolCall, ...]) -> None:
         """The model's whole tool calls, the answer's."""
         self.tool_calls = calls
+
+    def finish(self, decoder: StreamDecoder) -> str:
+        """Why the answer ended, as the last attempt's server said — ``length`` at a bound;
+        a turn that ended for tool calls none of which was handed on (a continuation's
+        repeats of calls already run) ends as ``stop``."""
+        if self.cut:
+            return "length"
+        finish = decoder.finish_reason or "stop"
+        return "stop" if finish == "tool_calls" and not self.tool_calls else finish
 
     def calls_too_long(self) -> None:
         """Tool-call arguments past the answer's bound: no call is whole; the answer is cut."""

@@ -581,7 +581,7 @@ class Answer:
         )
         if fail is None and not delivery.cut:
             new = self.text[len(self.text) - added :] if added else ""
-            verdict = self.seam.judge(dedup, decoder, new, tool_calls=bool(delivery.tool_calls))
+            verdict = self.seam.judge(dedup, delivery.finish(decoder), new)
             if verdict == "ask_again":
                 fail = Seam.ended()
             elif verdict == "as_it_stands":
@@ -599,9 +599,8 @@ class Answer:
         if fail is None:
             self.chain.succeeded()
             refusal = "".join(decoder.refusal)
-            finish = "length" if delivery.cut else decoder.finish_reason or "stop"
             self._closing = Closing(
-                "refusal" if refusal else finish,
+                "refusal" if refusal else delivery.finish(decoder),
                 refusal,
                 drain=attempt.lingering,
                 response_id=decoder.response_id or "",  # the response that finished it

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamres._answer.attempt import AttemptState, Exchange
 from streamres._answer.delivery import Delivery
@@ -24,13 +24,14 @@ from streamres._core.classify import (
     classify_response,
     failure,
 )
-from streamres._core.events import Event, TextEvent, ThinkingEvent, ToolCallEvent
+from streamres._core.events import Event, TextEvent, ThinkingEvent, ToolCall, ToolCallEvent
 from streamres._core.inflate import InflateError
 from streamres._core.logs import Log
 from streamres._core.policy import this_side_busy
 from streamres._core.redact import redact_url
 from streamres._core.sse import SSEDecoder
 from streamres._core.stall import StallTimer
+from streamres._providers.tools import calls_already_run, is_call_already_run
 from streamres._providers.wire import DECODE_ERRORS, StreamDecoder
 
 __all__ = ["ERROR_BODY_LIMIT", "Ended", "Reader", "decode", "side"]
@@ -56,6 +57,9 @@ class Reader:
     seam: Seam
     memory: Memory
     log: Log
+    #: The calls the conversation already ran since the user's last words (read once, for
+    #: the first continuation that calls a tool).
+    _ran: frozenset[tuple[str, str]] | None = field(default=None, init=False)
 
     def deliver(self, text: str, out: list[Event]) -> None:
         """What of ``text`` fits the answer's bounds is delivered (``out``: the caller's
@@ -134,6 +138,8 @@ class Reader:
                 self.deliver(text, out)
         if attempt.calls:
             calls = attempt.take_calls()
+            if dedup is not None:  # a continuation
+                calls = self._not_run_before(calls, attempt)
             self.delivery.call(calls)
             for call in calls:
                 out.append(ToolCallEvent(call.id, call.name, call.arguments))
@@ -143,6 +149,26 @@ class Reader:
         if self.delivery.cut:
             return self._cut_off(attempt)
         return None
+
+    def _not_run_before(
+        self, calls: tuple[ToolCall, ...], attempt: AttemptState
+    ) -> tuple[ToolCall, ...]:
+        """A continuation's calls, less those the conversation already ran: a model asked to
+        go on may take "continue" for a new turn and run the last round again — a round the
+        answer would not have had, which the caller would run twice."""
+        if self._ran is None:
+            self._ran = calls_already_run(self.opts.messages)
+        kept = tuple(c for c in calls if not is_call_already_run(c.name, c.arguments, self._ran))
+        if len(kept) < len(calls):
+            self.seam.repeated_calls()
+            self.log.info(
+                "streamres.tool_round_repeated",
+                model=attempt.route.key,
+                dropped=[c.name for c in calls if c not in kept],
+                hint="the continuation called tools the conversation already ran; "
+                "they are not handed on",
+            )
+        return kept
 
     def _cut_off(self, attempt: AttemptState) -> Ended:
         """The answer reached a bound (``ReadLimits.answer``, ``max_tokens``): it ends here,

@@ -99,6 +99,8 @@ def prepare(
             hold=seam.holds_back(route, memory),
         )
         messages, extra, dedup = cont.messages, cont.extra_body, cont.dedup
+        if seam.no_tools and extra.get("tools"):
+            extra = {**extra, "tool_choice": "none"}  # tools offered, none to be called
     if max_tokens is not None and max_tokens <= 0:
         return None
     return Prepared(build(opts, route, messages, extra, max_tokens), dedup)

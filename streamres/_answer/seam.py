@@ -16,6 +16,12 @@ endings are not the answer's end:
   its requests are sent whole from then on — one extra request per model and process, at most.
 
 Neither is charged to the model as a failure of its server (``policy.consecutive_failures``).
+
+A continuation may also call tools the conversation already ran (a model that reads "continue"
+as a new turn runs the last tool round again): those calls are not handed on
+(``Reader``), and every later continuation of the answer is sent with ``tool_choice: "none"``
+(``no_tools``) — the tools stay offered, as a history with calls needs, but the model finishes
+its text.
 """
 
 from __future__ import annotations
@@ -26,7 +32,6 @@ from streamres._answer.memory import Memory
 from streamres._core.classify import Failure, failure
 from streamres._core.dedup import Deduplicator
 from streamres._fleet.routes import Route
-from streamres._providers.wire import StreamDecoder
 
 __all__ = ["SEAM_TRIES", "Seam"]
 
@@ -38,11 +43,17 @@ SEAM_TRIES = 2
 class Seam:
     """The answer's continuations that did not continue: how often, and what comes next."""
 
-    __slots__ = ("tries",)
+    __slots__ = ("no_tools", "tries")
 
     def __init__(self) -> None:
         #: Continuations asked again because they ended at the seam or missed it.
         self.tries = 0
+        #: A continuation ran the conversation's tools again: the next ones may call none.
+        self.no_tools = False
+
+    def repeated_calls(self) -> None:
+        """A continuation called tools the conversation already ran."""
+        self.no_tools = True
 
     @property
     def wording(self) -> int:
@@ -66,15 +77,13 @@ class Seam:
     def judge(
         self,
         dedup: Deduplicator | None,
-        decoder: StreamDecoder,
+        finish: str,
         new: str,
-        *,
-        tool_calls: bool,
     ) -> Literal["continued", "ask_again", "as_it_stands"]:
-        """A continuation finished normally, adding ``new``: did it continue the answer? If
-        not, it is asked again (the failure is :meth:`ended`), or, its tries spent, the answer
-        ends as it stands."""
-        if not _ended_at_seam(dedup, decoder, new, tool_calls=tool_calls):
+        """A continuation finished normally (``finish``: why, :meth:`Delivery.finish`), adding
+        ``new``: did it continue the answer? If not, it is asked again (the failure is
+        :meth:`ended`), or, its tries spent, the answer ends as it stands."""
+        if not _ended_at_seam(dedup, finish, new):
             return "continued"
         if self.tries < SEAM_TRIES:
             self.tries += 1
@@ -88,12 +97,11 @@ class Seam:
         )
 
 
-def _ended_at_seam(
-    dedup: Deduplicator | None, decoder: StreamDecoder, new: str, *, tool_calls: bool
-) -> bool:
-    """An instruct continuation that finished normally having added nothing of substance."""
-    if dedup is None or dedup.mode != "instruct" or tool_calls:
+def _ended_at_seam(dedup: Deduplicator | None, finish: str, new: str) -> bool:
+    """An instruct continuation that finished normally having added nothing of substance (a
+    tool call handed on is substance: its finish is ``tool_calls``)."""
+    if dedup is None or dedup.mode != "instruct":
         return False
-    if decoder.finish_reason not in (None, "stop", "end_turn"):
+    if finish not in ("stop", "end_turn"):
         return False  # "length": the budget ended it, which the done event says
     return not new.strip()

@@ -31,7 +31,9 @@ from streamres._providers.parts import content_for
 __all__ = [
     "anthropic_messages",
     "anthropic_tools",
+    "calls_already_run",
     "canonical_tool",
+    "is_call_already_run",
     "openai_tools",
     "responses_input",
     "responses_tools",
@@ -142,6 +144,54 @@ def _arguments(text: Any) -> Any:
         except ValueError:
             return {}
     return text if isinstance(text, Mapping) else {}
+
+
+def _is_tool_results(message: Mapping[str, Any]) -> bool:
+    """OpenAI's ``tool`` turn, Anthropic's user turn of ``tool_result`` blocks, or a Responses
+    ``function_call_output`` item: the results of calls, not the user's words."""
+    if message.get("role") == "tool" or message.get("type") == "function_call_output":
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, Mapping) and b.get("type") == "tool_result" for b in content
+    )
+
+
+def _call_key(name: Any, arguments: Any) -> tuple[str, str]:
+    """A call as compared: its name, and its arguments as canonical JSON (key order and
+    spacing aside; arguments that are not JSON, as written)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return str(name), arguments
+    return str(name), json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+
+
+def calls_already_run(messages: Sequence[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
+    """The tool calls the conversation has made since the user's last words — (name, canonical
+    arguments), in any of the three shapes: what a continuation of the answer to them must not
+    call again (a model asked to "continue" after tool results may read it as a new turn and
+    run the same round once more)."""
+    found: set[tuple[str, str]] = set()
+    for m in reversed(messages):
+        if m.get("role") == "user" and not _is_tool_results(m):
+            break
+        for call in m.get("tool_calls") or ():
+            if isinstance(call, Mapping) and isinstance(fn := call.get("function"), Mapping):
+                found.add(_call_key(fn.get("name"), fn.get("arguments")))
+        content = m.get("content")
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                found.add(_call_key(block.get("name"), block.get("input", {})))
+        if m.get("type") == "function_call":
+            found.add(_call_key(m.get("name"), m.get("arguments")))
+    return frozenset(found)
+
+
+def is_call_already_run(name: str, arguments: str, already: frozenset[tuple[str, str]]) -> bool:
+    """Is this call (``arguments``: its JSON text) one of ``already``?"""
+    return _call_key(name, arguments) in already
 
 
 def anthropic_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

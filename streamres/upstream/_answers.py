@@ -15,6 +15,14 @@ request is recognised the way a real server would see it:
   models, and is drawn from the conversation (so it is reproducible): a few tokens back, a few
   words back (in scripts with spaces), the start of the clause, or the start of the sentence.
 
+Tools: an answer to a question, with tools offered and allowed, is text and then tool calls; an
+answer to tool results is text only (so an agent loop ends). The decision is made from the
+conversation the answer answers — a continuation's partial answer and its instruction left out —
+so a prefill continues the same plan. A bare "continue" with tools offered is where models go
+wrong: with ``tools_on_continue="repeat"`` (the default) the model calls the conversation's last
+tool round again, as the embedded model was seen to do every time behind a chat UI; with
+``"plan"`` it keeps to its plan.
+
 Answers come in the language of the question: Chinese, Japanese, Korean or Thai when the user
 wrote in that script, else English; ``lang=`` forces one. Each language's answer mixes in what
 real answers have: punctuation of its own script, Latin words and numbers, and emoji.
@@ -37,6 +45,7 @@ __all__ = [
     "Lang",
     "PrefillBehaviour",
     "Reply",
+    "ToolsOnContinue",
     "answer_for",
     "language_of",
     "plan_reply",
@@ -45,6 +54,8 @@ __all__ = [
 ]
 
 PrefillBehaviour = Literal["continue", "restart", "reject"]
+#: What the model does with tools on an instruct continuation (see the module's docstring).
+ToolsOnContinue = Literal["repeat", "plan"]
 InstructBehaviour = Literal[
     "overlap", "exact", "restart", "preamble", "shorter", "quoted", "stutter"
 ]
@@ -331,20 +342,64 @@ def _value_for(schema: Any, name: str, words: list[str], depth: int = 0) -> Any:
     return text or name
 
 
-def _asks_for_tools(body: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-    """A tool is called when tools are offered, the caller allows it, and the last turn is the
-    user's question: after a tool's result the model answers in text, so an agent loop ends."""
+def _allows_tools(body: dict[str, Any]) -> bool:
+    """Tools are offered and the caller lets the model call them."""
     choice = body.get("tool_choice")
     if choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none"):
         return False
-    last = messages[-1] if messages else {}
-    if last.get("role") == "tool":
-        return False
-    content = last.get("content")
-    return not (
-        isinstance(content, list)
-        and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    return bool(_tools(body.get("tools")))
+
+
+def _is_tool_turn(message: dict[str, Any]) -> bool:
+    """OpenAI's ``tool`` turn, or Anthropic's user turn of ``tool_result`` blocks."""
+    if message.get("role") == "tool":
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
     )
+
+
+def _asks_for_tools(body: dict[str, Any], answered: list[dict[str, Any]]) -> bool:
+    """A tool is called when tools are offered, the caller allows it, and the turn answered is
+    the user's question: after a tool's result the model answers in text, so an agent loop
+    ends."""
+    return _allows_tools(body) and not (answered and _is_tool_turn(answered[-1]))
+
+
+def _last_round(answered: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The calls (name, arguments JSON) of the conversation's last tool round since the user's
+    last question, either API's shape; none when it has none."""
+    for m in reversed(answered):
+        if m.get("role") == "user" and not _is_tool_turn(m):
+            return []
+        if m.get("role") != "assistant":
+            continue
+        calls = [
+            (str(c["function"]["name"]), str(c["function"].get("arguments", "{}")))
+            for c in m.get("tool_calls") or ()
+            if isinstance(c, dict) and isinstance(c.get("function"), dict)
+        ]
+        content = m.get("content")
+        if isinstance(content, list):
+            calls += [
+                (str(b.get("name")), json.dumps(b.get("input", {}), ensure_ascii=False))
+                for b in content
+                if isinstance(b, dict) and b.get("type") == "tool_use"
+            ]
+        if calls:
+            return calls
+    return []
+
+
+def _answered(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The conversation a reply of ``kind`` answers: a prefill's partial answer, or an instruct
+    continuation's partial answer and instruction, left out."""
+    if kind == "prefill":
+        return messages[:-1]
+    if kind == "instruct":
+        return messages[:-2]
+    return messages
 
 
 def _thinking_on(provider: str, body: dict[str, Any]) -> bool:
@@ -393,6 +448,7 @@ def plan_reply(
     instruct: InstructBehaviour = "overlap",
     overlap_words: int = 3,
     words: int = 90,
+    tools_on_continue: ToolsOnContinue = "repeat",
 ) -> Reply:
     """Decide the reply to ``messages`` (OpenAI-style; Anthropic's ``system`` already folded in):
     the text (``_plan_text``), then reasoning and tool calls when the request asks for them."""
@@ -419,16 +475,21 @@ def plan_reply(
             if reply.kind == "fresh"
             else "The answer was cut off; I will carry on from exactly where it stopped."
         )
-    calls = []
-    key = hashlib.sha256(reply.full.encode()).hexdigest()
-    tools = _tools(body.get("tools")) if _asks_for_tools(body, messages) else []
-    said = reply.full.split()
-    for i, (name, schema) in enumerate(tools[:2]):
-        args = _value_for({"type": "object", **schema}, name, said[i * 3 :])
-        prefix = "toolu_" if provider == "anthropic" else "call_"
-        calls.append(
-            (f"{prefix}{key[8 + i * 8 : 16 + i * 8]}", name, json.dumps(args, ensure_ascii=False))
-        )
+    answered = _answered(messages, reply.kind)
+    planned: list[tuple[str, str]] = []
+    if reply.kind == "instruct" and tools_on_continue == "repeat" and _allows_tools(body):
+        planned = _last_round(answered)  # "continue" read as a new turn: the last round again
+    if not planned and _asks_for_tools(body, answered):
+        said = reply.full.split()
+        for i, (name, schema) in enumerate(_tools(body.get("tools"))[:2]):
+            args = _value_for({"type": "object", **schema}, name, said[i * 3 :])
+            planned.append((name, json.dumps(args, ensure_ascii=False)))
+    key = "".join(hashlib.sha256(f"{reply.full}{n}".encode()).hexdigest() for n in ("", 1, 2))
+    prefix = "toolu_" if provider == "anthropic" else "call_"
+    calls = [
+        (f"{prefix}{key[8 + i * 8 : 16 + i * 8]}", name, args)
+        for i, (name, args) in enumerate(planned)
+    ]
     return Reply(
         reply.full, reply.text, reply.kind, None, thinking=thinking, tool_calls=tuple(calls)
     )

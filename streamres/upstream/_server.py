@@ -27,6 +27,7 @@ import h11
 from ._answers import (
     InstructBehaviour,
     PrefillBehaviour,
+    ToolsOnContinue,
     answer_for,
     plan_reply,
 )
@@ -129,6 +130,7 @@ class Upstream:
         models: Mapping[str, ModelSpec] | None = None,
         prefill: PrefillBehaviour = "continue",
         instruct: InstructBehaviour = "overlap",
+        tools_on_continue: ToolsOnContinue = "repeat",
         overlap_words: int = 3,
         words: int = 90,
         token_delay: float = 0.0,
@@ -149,6 +151,8 @@ class Upstream:
         self.models: dict[str, ModelSpec] = dict(models or {})
         self.prefill: PrefillBehaviour = prefill
         self.instruct: InstructBehaviour = instruct
+        #: Tools on an instruct continuation: the last round again, or the model's plan.
+        self.tools_on_continue: ToolsOnContinue = tools_on_continue
         self.overlap_words = overlap_words
         self.words = words
         self.token_delay = token_delay
@@ -383,6 +387,7 @@ class Upstream:
             instruct=spec.instruct or self.instruct,
             overlap_words=self.overlap_words,
             words=int(headers.get("x-upstream-words", self.words)),
+            tools_on_continue=self.tools_on_continue,
         )
         if reply.rejection is not None:
             record.status = 400

@@ -22,6 +22,7 @@ import streamres
 from streamres.proxy import Config, ConfigError, running
 from streamres.proxy.config import HoldLimits, parse
 from streamres.upstream import FaultPlan, ModelSpec, Upstream, split_tokens
+from tests.helpers.chat_ui import AFTER_TOOLS, TOOLS
 from tests.helpers.node import node_env
 
 pytestmark = pytest.mark.anyio
@@ -178,6 +179,34 @@ async def test_tool_calls_arrive_whole_through_a_fault_in_their_arguments() -> N
             isinstance(v, str) for v in args.values()
         )
         assert len(run.upstream.requests) == 2
+
+
+async def test_a_break_after_tool_results_adds_no_tool_round_through_the_proxy() -> None:
+    """A chat UI's request (many tools offered, the history ending in the tools' results),
+    broken mid-answer: the OpenAI SDK gets the uncut answer's text and no tool call — the
+    continuation's run of the same round again is not handed on."""
+
+    async def ask(run: Any) -> tuple[str, list[str], str | None]:
+        sdk = oai(base_url=run.url + "/v1", api_key="k")
+        stream = await sdk.chat.completions.create(
+            model="demo", messages=AFTER_TOOLS, stream=True, tools=TOOLS
+        )
+        text, names, finish = "", [], None
+        async for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                names += [tc.function.name for tc in choice.delta.tool_calls or [] if tc.function]
+                finish = choice.finish_reason or finish
+        return text, [n for n in names if n], finish
+
+    async with running(port=0, token_delay=0) as run:
+        uncut = await ask(run)
+    async with running(port=0, faults="reset@30", token_delay=0) as run:
+        assert run.upstream is not None
+        broken = await ask(run)
+        assert len(run.upstream.requests) == 2
+    assert uncut == (run.upstream.answer(AFTER_TOOLS), [], "stop")
+    assert broken == uncut
 
 
 async def test_an_openai_client_served_by_an_anthropic_model() -> None:
