@@ -41,6 +41,10 @@ class Exchange:
     #: The response's head, once it came.
     status: int = 0
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: The ``X-Conversation-Id`` the request carried (llama.cpp keeps its stream), or "".
+    conversation: str = ""
+    #: Bytes of the body read so far (a llama.cpp replay goes on from there).
+    received: int = 0
 
 
 class AttemptState:

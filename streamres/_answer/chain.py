@@ -77,10 +77,18 @@ class Chain:
         )
 
     def decide(
-        self, fail: Failure, *, attempt: int, reached: bool, time_left: float, opts: Options
+        self,
+        fail: Failure,
+        *,
+        attempt: int,
+        reached: bool,
+        time_left: float,
+        opts: Options,
+        replay_at_hand: bool = False,
     ) -> Decision:
         """After the current model's ``attempt`` failed: the policy's decision, from this
-        chain's record (``reached``: the model's server has answered in this process)."""
+        chain's record (``reached``: the model's server has answered in this process;
+        ``replay_at_hand``: its server kept generating, to be re-attached to)."""
         return decide(
             fail,
             attempt=attempt,
@@ -95,6 +103,7 @@ class Chain:
             too_long=self.too_long,
             windows=self.windows(),
             out_of_credit=self.out_of_credit,
+            replay_at_hand=replay_at_hand,
         )
 
 

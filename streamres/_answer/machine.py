@@ -73,6 +73,7 @@ from streamres._core.redact import Redactor, redact_url
 from streamres._core.stall import StallTimer, first_output_limit
 from streamres._core.tokens import Counter
 from streamres._fleet.routes import Route
+from streamres._providers.wire import HttpRequest
 
 __all__ = [
     "ERROR_BODY_LIMIT",
@@ -112,8 +113,12 @@ class Answer:
         secret_headers: Callable[[str], bool] = lambda name: False,
         shared_budget: bool = False,
         log: Log = SILENT,
+        answer_id: str = "",
     ) -> None:
         self.opts = opts
+        #: A random id the shell gives the answer: each Chat Completions attempt carries it
+        #: (``X-Conversation-Id``, with its number) for a server that keeps its stream.
+        self.answer_id = answer_id
         #: Where what happened is told (the shell's logger; by default, nowhere).
         self.log = log
         self.fleet = opts.fleet
@@ -307,7 +312,22 @@ class Answer:
         if route is not None and self.slots is not None:
             self.slots.release(route)
             self.slots.notify()
+        attempt = self.attempt
+        if attempt is not None and self.state in (State.SENDING, State.HEADERS, State.READING):
+            exchange = attempt.sent
+            keeps = self.memory.keeps_streams(attempt.route, exchange.headers)
+            self.reattach.abandoned(exchange, attempt.index, keeps_streams=keeps)
+        else:
+            self.reattach.abandoned(None, 0, keeps_streams=False)
         self._give_back()
+
+    def take_stops(self) -> list[HttpRequest]:
+        """Requests that stop llama.cpp generations nobody will read (each given once): the
+        shell sends them, bounded in time, their answers unread."""
+        routes = self.fleet.routes
+        return [
+            request.stop_request(self.opts, routes[s.index], s) for s in self.reattach.take_stops()
+        ]
 
     def unbuildable(self, message: str) -> StreamError:
         """The shell could not build the request (a bad URL or header): the caller's to fix."""
@@ -457,15 +477,20 @@ class Answer:
         made sure its tokens are counted)."""
         attempt = self._attempt()
         opts, route = self.opts, attempt.route
+        self.reattach.going_to(attempt.index)
+        replay = self.reattach.on(attempt.index)
         try:
             prepared = request.prepare(
                 opts,
                 route,
-                replay=self.reattach.on(attempt.index),
+                replay=replay,
                 delivery=self.delivery,
                 memory=self.memory,
                 seam=self.seam,
                 encodings=self.encodings,
+                conversation=(
+                    f"{self.answer_id}-{attempt.number}" if self.answer_id and route.replay else ""
+                ),
             )
         except (TypeError, ValueError) as exc:
             why = f"cannot build the request: {exc}"
@@ -479,7 +504,7 @@ class Answer:
             self._go("spent")
             return self._close(now)
         req = prepared.request
-        exchange = request.exchange(opts, route, req, prepared.dedup)
+        exchange = request.exchange(opts, route, req, prepared.dedup, replay)
         self.stall.first = opts.first_token_timeout
         if self.chain.has_fallback and not (opts.hedged and attempt.index == opts.chain[0]):
             # A fallback at hand: this model's own pace decides (unless a hedge covers it).
@@ -533,7 +558,7 @@ class Answer:
         the fleet (breaker, weight, metrics) and its slot back."""
         attempt = self._attempt()
         exchange = attempt.sent
-        decoder, dedup = exchange.decoder, exchange.dedup
+        dedup = exchange.dedup
         replayed = self.reattach.on(attempt.index) is not None
         if fail is not None:
             fail = reinterpret(
@@ -543,7 +568,14 @@ class Answer:
             )
             # Servers echo keys in error bodies: no secret goes further than here.
             fail = dataclasses.replace(fail, message=self.redactor.redact(fail.message))
-        self.reattach.attempt_ended(decoder, attempt.index, fail, replayed=replayed)
+        self.reattach.attempt_ended(
+            exchange,
+            attempt.index,
+            fail,
+            replayed=replayed,
+            keeps_streams=self.memory.keeps_streams(attempt.route, exchange.headers),
+            eof=attempt.eof,
+        )
         fail = self.reader.finish(attempt, fail, self.events, now)
         self._slot_after_drain = attempt.report(self.fleet, self.slots, fail, now, self.log)
         attempt.end(fail, now)
@@ -625,6 +657,7 @@ class Answer:
             reached=attempt.reached,
             time_left=self.t_end - now,
             opts=self.opts,
+            replay_at_hand=self.reattach.on(attempt.index) is not None,
         )
         telling.log_decision(
             self.log, decision, fail, route, attempt=attempt.number, chars=self.chars

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from streamres._core.continuation import Strategy, choose, continues_prefill
 from streamres._fleet.routes import Route
+from streamres._providers.llama import keeps_streams
 
 __all__ = ["Memory", "Slots"]
 
@@ -84,6 +85,12 @@ class Memory:
     def continues_at(self, route: Route) -> bool:
         """``route``'s server named itself as continuing a final assistant message."""
         return route.base_url in self.continues
+
+    def keeps_streams(self, route: Route, headers: Mapping[str, str]) -> bool:
+        """Does ``route``'s server keep llama.cpp stream sessions — as a response's ``headers``
+        say, or (no response yet) as its server said before (``server: llama.cpp``, the
+        evidence ``continues`` is learnt from)?"""
+        return keeps_streams(headers) or route.base_url in self.continues
 
     def holds_back(self, route: Route) -> bool:
         """An instruct continuation on ``route`` may leave the last token out."""

@@ -111,6 +111,8 @@ def resolve_route(route: Route) -> Route:
         raise _bad(f"no API key for {official}: pass api_key=... or set {env_key}")
     if route.continuation not in ("auto", "prefill", "prefix", "instruct"):
         raise _bad("continuation must be 'auto', 'prefill', 'prefix' or 'instruct'")
+    if not isinstance(route.replay, bool):
+        raise _bad(f"replay must be True or False, not {route.replay!r:.60}")
     if route.max_in_flight is not None and route.max_in_flight < 1:
         raise _bad(f"max_in_flight must be None or a positive integer, not {route.max_in_flight}")
     if not route.weight > 0:
@@ -134,6 +136,7 @@ KNOWN_ARGUMENTS = (
     "max_tokens",
     "client",
     "continuation",
+    "replay",
     "max_attempts",
     "backoff",
     "fallback_after",
@@ -285,7 +288,12 @@ def _priority(value: Any) -> int:
 
 
 def single_call_routes(
-    model: Any, provider: Any, base_url: str | None, api_key: str | None, continuation: Any
+    model: Any,
+    provider: Any,
+    base_url: str | None,
+    api_key: str | None,
+    continuation: Any,
+    replay: Any = True,
 ) -> list[Route]:
     """The routes of one ``stream_resilient()`` call: ``model`` is a name or a fallback chain
     of names on the same server."""
@@ -306,6 +314,7 @@ def single_call_routes(
                 api_key=api_key,
                 name=f"{m}#{i}",
                 continuation=continuation,
+                replay=replay,
             )
         )
         for i, m in enumerate(names)

@@ -72,6 +72,7 @@ class Reader:
     ) -> Ended | None:
         """Bytes of the event stream came (the per-token path)."""
         exchange = attempt.sent
+        exchange.received += len(data)
         sse, inflater = exchange.sse, exchange.inflater
         try:
             events = sse.feed(data if inflater.identity else inflater.feed(data))

@@ -22,7 +22,7 @@ from streamres._answer.counting import Encodings
 from streamres._answer.delivery import Delivery
 from streamres._answer.memory import Memory
 from streamres._answer.options import Options
-from streamres._answer.reattach import Replay
+from streamres._answer.reattach import Replay, Session
 from streamres._answer.seam import Seam
 from streamres._core.continuation import Strategy, build_continuation
 from streamres._core.dedup import Deduplicator, hold_back
@@ -31,6 +31,7 @@ from streamres._core.sse import SSEDecoder
 from streamres._core.tokens import token_starts
 from streamres._fleet.routes import Route
 from streamres._providers import anthropic as _anthropic
+from streamres._providers import llama as _llama
 from streamres._providers import openai as _openai
 from streamres._providers import responses as _responses
 from streamres._providers.wire import HttpRequest, StreamDecoder
@@ -47,6 +48,7 @@ __all__ = [
     "prepare",
     "replay_request",
     "secrets",
+    "stop_request",
 ]
 
 PROVIDERS: dict[str, tuple[Callable[..., HttpRequest], type[StreamDecoder]]] = {
@@ -73,14 +75,16 @@ def prepare(
     memory: Memory,
     seam: Seam,
     encodings: Encodings,
+    conversation: str = "",
 ) -> Prepared | Load | None:
     """The next request on ``route``: a re-attach to ``replay`` (the server kept generating:
-    exactly what was missed), the first request, or a continuation of what was delivered.
-    ``Load``: the route's token encoding first (an instruct continuation cuts at its token
-    seams); ``None``: the token budget is spent, no request is made. ``TypeError`` or
+    exactly what was missed), the first request, or a continuation of what was delivered
+    (``conversation``: the id a Chat Completions request carries, for a server that keeps its
+    stream). ``Load``: the route's token encoding first (an instruct continuation cuts at its
+    token seams); ``None``: the token budget is spent, no request is made. ``TypeError`` or
     ``ValueError``: the request cannot be built."""
     if replay is not None:
-        return Prepared(replay_request(opts, route, replay.response_id, replay.after))
+        return Prepared(replay_request(opts, route, replay))
     max_tokens = budget(opts, route)
     messages, extra, dedup = opts.messages, opts.extra_body, None
     if delivery.chars:
@@ -103,7 +107,10 @@ def prepare(
             extra = {**extra, "tool_choice": "none"}  # tools offered, none to be called
     if max_tokens is not None and max_tokens <= 0:
         return None
-    return Prepared(build(opts, route, messages, extra, max_tokens), dedup)
+    req = build(opts, route, messages, extra, max_tokens)
+    if conversation and route.provider == "openai":
+        req.headers[_llama.CONVERSATION_HEADER] = conversation
+    return Prepared(req, dedup)
 
 
 def secrets(opts: Options, secret_header: Callable[[str], bool]) -> list[str]:
@@ -116,10 +123,29 @@ def secrets(opts: Options, secret_header: Callable[[str], bool]) -> list[str]:
     return [s for s in found if s]
 
 
-def exchange(opts: Options, route: Route, req: HttpRequest, dedup: Deduplicator | None) -> Exchange:
-    """The exchange of ``req``: what will read its response on ``route``."""
+def exchange(
+    opts: Options,
+    route: Route,
+    req: HttpRequest,
+    dedup: Deduplicator | None,
+    replay: Replay | None = None,
+) -> Exchange:
+    """The exchange of ``req``: what will read its response on ``route`` — for a llama.cpp
+    re-attach, the broken attempt's own decoders, reading on from the byte it reached."""
+    conversation = req.headers.get(_llama.CONVERSATION_HEADER, "")
+    if replay is not None and replay.session is not None:
+        assert replay.sse is not None
+        assert replay.decoder is not None
+        return Exchange(
+            req,
+            replay.decoder,
+            None,
+            replay.sse,
+            conversation=replay.session.conversation,
+            received=replay.after,
+        )
     sse = SSEDecoder(max_line=opts.read_limits.line, max_event=opts.read_limits.event)
-    return Exchange(req, decoder_for(route, opts), dedup, sse)
+    return Exchange(req, decoder_for(route, opts), dedup, sse, conversation=conversation)
 
 
 def budget(opts: Options, route: Route) -> int | None:
@@ -131,14 +157,33 @@ def budget(opts: Options, route: Route) -> int | None:
     return opts.max_tokens
 
 
-def replay_request(opts: Options, route: Route, response_id: str, after: int) -> HttpRequest:
-    """Re-attach to a background response that kept generating: exactly what was missed."""
+def replay_request(opts: Options, route: Route, replay: Replay) -> HttpRequest:
+    """Re-attach to a response the server kept generating: exactly what was missed."""
     assert route.base_url is not None
+    if replay.session is not None:
+        return _llama.replay_request(
+            base_url=route.base_url,
+            api_key=route.api_key,
+            conversation=replay.session.conversation,
+            start=replay.after,
+            extra_headers=opts.headers,
+        )
     return _responses.replay_request(
         base_url=route.base_url,
         api_key=route.api_key,
-        response_id=response_id,
-        after=after,
+        response_id=replay.response_id,
+        after=replay.after,
+        extra_headers=opts.headers,
+    )
+
+
+def stop_request(opts: Options, route: Route, session: Session) -> HttpRequest:
+    """Stop a llama.cpp generation nobody will read (``DELETE /v1/stream``)."""
+    assert route.base_url is not None
+    return _llama.stop_request(
+        base_url=route.base_url,
+        api_key=route.api_key,
+        conversation=session.conversation,
         extra_headers=opts.headers,
     )
 

@@ -19,7 +19,10 @@ The rules, in order:
    told in seconds, not after the whole deadline. A URL that answered before is patient: the
    rules below apply, as to any dropped connection;
 5. "prefill not supported" is retried at once on the same model (with the instruct strategy),
-   and so is a background response that cannot be re-attached to (by a continuation);
+   and so is a background response that cannot be re-attached to (by a continuation); a
+   response the server is still generating, which the answer can re-attach to
+   (``replay_at_hand``: a background response, a llama.cpp stream), is read on at once on the
+   same model — the break was the connection's, and the server has the rest;
 6. with more than one model in the chain, move to the next one when the server says this
    model is at capacity ("Selected model is at capacity": no point waiting on it), when its
    server sent no response headers within the header bound (``no_headers``: a server that
@@ -149,12 +152,14 @@ def decide(
     too_long: Sequence[bool] = (),
     windows: Sequence[int | None] = (),
     out_of_credit: Sequence[bool] = (),
+    replay_at_hand: bool = False,
 ) -> Decision:
     """``failures[i]``: consecutive failures of model ``i``, this one included; ``reached``:
     the current model's server has answered at least once (in this process); ``too_long[i]``:
     model ``i`` refused this answer's request for its length (this one included);
     ``windows[i]``: model ``i``'s context window in tokens, where its route declares one;
-    ``out_of_credit[i]``: model ``i``'s key or account is out of credit (this one included)."""
+    ``out_of_credit[i]``: model ``i``'s key or account is out of credit (this one included);
+    ``replay_at_hand``: the server kept generating, and the answer can re-attach to it."""
     if failure.kind == "permanent":
         return Decision("give_up", error="rejected", why=failure.message)
     if failure.kind == "quota":
@@ -183,6 +188,8 @@ def decide(
         if delay < time_left:
             return Decision("retry", delay=delay, model_index=model_index)
         return Decision("give_up", error="deadline", why=failure.message)
+    if replay_at_hand:
+        return Decision("retry", model_index=model_index)
     if failure.connect and not reached:
         return _unreached(failure, model_index, failures, time_left, rand)
     if failure.kind in ("prefill_rejected", "replay_unavailable"):

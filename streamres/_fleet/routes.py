@@ -34,6 +34,10 @@ class Route:
     max_in_flight: int | None = None
     #: Continuation strategy: ``auto``, ``prefill``, ``prefix`` or ``instruct``.
     continuation: Literal["auto", "prefill", "prefix", "instruct"] = "auto"
+    #: Re-attach to a stream its server kept generating (llama.cpp's server) before any
+    #: continuation: each Chat Completions request carries an ``X-Conversation-Id``.
+    #: ``False``: none is sent, and a break is always continued.
+    replay: bool = True
     #: Model family, so the smaller sibling of a jammed model can be tried first.
     family: str | None = None
     #: Relative size within the family (smaller = lighter, faster sibling).

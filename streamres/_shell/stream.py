@@ -18,6 +18,7 @@ import re
 import socket
 import ssl
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, assert_never
@@ -54,6 +55,7 @@ from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT, HEADERS
 from streamres._core.tokens import Counter, counter_for
 from streamres._fleet.fleet import Fleet
+from streamres._providers.wire import HttpRequest
 from streamres._shell.connects import Connects, Turn
 from streamres._shell.limits import Limits
 from streamres._shell.log import log, mask_http_logs
@@ -69,6 +71,8 @@ Provider = Literal["openai", "anthropic", "openai-responses"]
 #: Longest wait for another process's probe before asking again (its outcome usually wakes
 #: this one first).
 PROBE_RECHECK = 5.0
+#: Seconds a server is given to take a stop of a generation nobody will read.
+STOP_WAIT = 2.0
 #: What this process remembers about servers (prefill refused; answered before).
 _MEMORY = Memory()
 
@@ -153,6 +157,7 @@ def stream_resilient(
     max_tokens: int | None = None,
     client: httpx.AsyncClient | None = None,
     continuation: Literal["auto", "prefill", "prefix", "instruct"] = "auto",
+    replay: bool = True,
     max_attempts: int | None = None,
     backoff: Backoff | None = None,
     fallback_after: int = 2,
@@ -175,6 +180,8 @@ def stream_resilient(
     text of this answer the caller already has (an answer log's, after its process or
     connection went): the model is asked for the rest, joined and de-duplicated as any resume;
     the events carry only what is new, and the done event's text is the whole answer.
+    ``replay=False``: never re-attach to a stream the server kept generating (llama.cpp's
+    server); each request carries no ``X-Conversation-Id``, and a break is continued.
 
     >>> async def main():
     ...     async with stream_resilient(
@@ -187,7 +194,7 @@ def stream_resilient(
     Raises :class:`InvalidRequest` at once for bad arguments; every other failure is raised
     while iterating, as a :class:`StreamError` carrying ``partial_text``.
     """
-    routes = single_call_routes(model, provider, base_url, api_key, continuation)
+    routes = single_call_routes(model, provider, base_url, api_key, continuation, replay)
     if client is not None and not isinstance(client, httpx.AsyncClient):
         raise InvalidRequest(
             f"client must be an httpx.AsyncClient (or None), not {client!r:.60}", reason="invalid"
@@ -518,6 +525,24 @@ class _Shell:
             if response is not None:
                 await response.aclose()
 
+    async def stop(self, requests: list[HttpRequest]) -> None:
+        """Stop generations nobody will read (llama.cpp's ``DELETE /v1/stream``): shielded,
+        each bounded to ``STOP_WAIT`` seconds, its answer unread — a server that does not
+        answer keeps the generation, which ends by itself."""
+        if not requests or self.client is None:
+            return
+        with anyio.CancelScope(shield=True):
+            for req in requests:
+                with anyio.move_on_after(STOP_WAIT):
+                    try:
+                        await self.client.request(req.method, req.url, headers=req.headers)
+                    except httpx.HTTPError as exc:
+                        log.debug(
+                            "streamres.stop_failed",
+                            url=redact_url(req.url),
+                            error=type(exc).__name__,
+                        )
+
     async def shut(self) -> None:
         self.timer.close()
         await self.close()
@@ -542,6 +567,7 @@ async def _run(
         secret_headers=lambda name: bool(_SECRET_HEADER.search(name)),
         shared_budget=isinstance(limits, SharedState),
         log=log,
+        answer_id=uuid.uuid4().hex,
     )
     mask_http_logs(answer.secrets)
     pools: Pools | None = None
@@ -580,6 +606,7 @@ async def _run(
                 case _:
                     if shell.response is not None and not isinstance(act, ReadBody):
                         await shell.close()  # the attempt is over
+                    await shell.stop(answer.take_stops())
                     act = await shell.perform(act)
     except (StreamError, GeneratorExit):
         raise
@@ -590,6 +617,8 @@ async def _run(
         if shared is not None and fleet.news:
             shared.tell(fleet.take_news())
         try:
+            await shell.close()
+            await shell.stop(answer.take_stops())
             await shell.shut()
         finally:
             if pools is not None:

@@ -238,6 +238,7 @@ _ROUTE_KEYS = {
     "max_in_flight",
     "account",
     "continuation",
+    "replay",
     "header_timeout",
     "context_window",
 }

@@ -25,6 +25,7 @@ __all__ = [
     "Pace",
     "Reset",
     "bomb",
+    "clean_events",
     "end_with_fault",
     "next_event",
     "play",
@@ -47,6 +48,8 @@ class Pace:
     ping_interval: float
     #: Each delta is the time it was sent (benchmarks of the relay's added latency).
     stamp: bool = False
+    #: A stall sends keep-alive comments (llama.cpp's server sends none: it is silent).
+    pings: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,22 +90,37 @@ def _script(render: Render, reply: Reply) -> list[_Item]:
     return items
 
 
-def render_clean(
+def clean_events(
     render: Render, reply: Reply, max_tokens: int | None, input_tokens: int
-) -> tuple[bytes, int]:
-    """A whole fault-free body, and the tokens it streams."""
+) -> tuple[list[tuple[int, bytes, bool]], int]:
+    """A whole fault-free body as its events — (number, bytes, a text delta?) — and the tokens
+    it streams."""
     parts = [render.start(input_tokens)]
+    deltas = [False]
     tokens = 0
     finish = "tool_calls" if reply.tool_calls else "stop"
     for item in _script(render, reply):
         if max_tokens is not None and tokens + item.tokens > max_tokens:
             parts.append(render.block_stop(item.block))
+            deltas.append(False)
             finish = "length"
             break
         parts.append(item.data)
+        deltas.append(item.delta)
         tokens += item.tokens
     parts.append(render.finish(finish, input_tokens, tokens))
-    return b"".join(parts), tokens
+    deltas.append(False)
+    return [
+        (i, data, delta) for i, (data, delta) in enumerate(zip(parts, deltas, strict=True))
+    ], tokens
+
+
+def render_clean(
+    render: Render, reply: Reply, max_tokens: int | None, input_tokens: int
+) -> tuple[bytes, int]:
+    """A whole fault-free body, and the tokens it streams."""
+    events, tokens = clean_events(render, reply, max_tokens, input_tokens)
+    return b"".join(data for _, data, _ in events), tokens
 
 
 @functools.cache
@@ -283,7 +301,8 @@ async def end_with_fault(
         until = anyio.current_time() + pace.stall_seconds
         while anyio.current_time() < until:
             await anyio.sleep(pace.ping_interval)
-            await stream.send(conn.send(h11.Data(data=render.ping())))
+            if pace.pings:
+                await stream.send(conn.send(h11.Data(data=render.ping())))
     if kind in ("reset", "stall"):
         raise Reset
     if tail:

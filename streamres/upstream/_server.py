@@ -10,6 +10,7 @@ Out of process (``streamres serve``), ``POST /_control/faults`` with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import email.utils
 import json
 import socket
@@ -36,6 +37,7 @@ from ._bodies import (
     Pace,
     Reset,
     bomb,
+    clean_events,
     next_event,
     play,
     render_clean,
@@ -48,6 +50,9 @@ from ._render import AnthropicRender, OpenAIRender, Render, ResponsesRender
 from ._requests import check_tool_shapes, input_messages, malformed
 
 __all__ = ["ModelSpec", "RecordedRequest", "Upstream"]
+
+#: What llama.cpp's server says of itself on every response.
+_LLAMA = [("server", "llama.cpp")]
 
 _MAX_BODY = 8 * 1024 * 1024
 
@@ -140,8 +145,13 @@ class Upstream:
         quota_retry_after: float | None = None,
         framing: Literal["batched", "event"] = "batched",
         stamp: bool = False,
+        replay: bool = False,
     ) -> None:
         self.port = port
+        #: Speak as llama.cpp's server: name itself (``server: llama.cpp``) and keep each chat
+        #: completion sent with ``X-Conversation-Id`` whole, whatever happens to its connection,
+        #: for ``GET /v1/stream?conv_id=<id>&from=<byte>`` (and ``DELETE`` to stop it).
+        self.replay = replay
         #: "event": each token its own flushed write even at full speed (as real servers send).
         self.framing = framing
         #: Benchmarks: each text delta is the monotonic time it was written ("%.6f "), so a
@@ -172,6 +182,10 @@ class Upstream:
         self._bodies: dict[tuple[Any, ...], tuple[bytes, int]] = {}
         #: Background responses of /v1/responses, by id: every event, for replays.
         self._stored: dict[str, list[tuple[int, bytes, bool]]] = {}
+        #: With ``replay``: each conversation's whole body (llama.cpp's stream sessions).
+        self._sessions: dict[str, bytes] = {}
+        #: Conversations stopped by ``DELETE /v1/stream`` (tests: was the server told?).
+        self.stopped: list[str] = []
         self._tg: anyio.abc.TaskGroup | None = None
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
 
@@ -325,6 +339,13 @@ class Upstream:
             await send_simple(conn, stream, 200, b'{"ok":true}')
             return
         provider: Literal["openai", "anthropic", "responses"]
+        if path == "/v1/stream" and self.replay:
+            query = dict(
+                p.partition("=")[::2]
+                for p in req.target.decode("latin-1").partition("?")[2].split("&")
+            )
+            await self._stream_session(conn, stream, req.method, path, headers, query)
+            return
         if req.method == b"GET" and "/responses/" in path:
             query = dict(
                 p.partition("=")[::2]
@@ -411,7 +432,17 @@ class Upstream:
                 await stream.send(conn.send(h11.Data(data=bomb())))
                 await stream.send(conn.send(h11.EndOfMessage()))
                 return
-            await start_events(conn, stream)
+            conversation = headers.get("x-conversation-id")
+            if self.replay and conversation and provider == "openai" and fault.kind != "empty":
+                # llama.cpp: the generation runs to its end into the session, whatever
+                # happens to this connection.
+                events, record.tokens = clean_events(render, reply, max_tokens, input_tokens)
+                self._sessions[conversation] = b"".join(data for _, data, _ in events)
+                await start_events(conn, stream, _LLAMA)
+                pace = dataclasses.replace(self._pace(), pings=False)
+                await play(conn, stream, events, fault, delay, render, pace)
+                return
+            await start_events(conn, stream, _LLAMA if self.replay else None)
             if fault.kind == "empty":
                 await stream.send(conn.send(h11.EndOfMessage()))
                 return
@@ -518,6 +549,47 @@ class Upstream:
         await start_events(conn, stream)
         later = [e for e in events if e[0] > after]
         await play(conn, stream, later, fault, 0.0, render, self._pace())
+
+    async def _stream_session(
+        self,
+        conn: h11.Connection,
+        stream: anyio.abc.SocketStream,
+        method: bytes,
+        path: str,
+        headers: dict[str, str],
+        query: dict[str, str],
+    ) -> None:
+        """llama.cpp's ``GET /v1/stream?conv_id=<id>&from=<byte>`` (the body from that byte)
+        and ``DELETE /v1/stream?conv_id=<id>`` (stop it: 204, known or not)."""
+        conversation = query.get("conv_id", "")
+        record = RecordedRequest(path, headers, dict(query), "", "ok", at=time.monotonic())
+        self.requests.append(record)
+        if method == b"DELETE":
+            self.stopped.append(conversation)
+            self._sessions.pop(conversation, None)
+            record.status = 204
+            await stream.send(
+                conn.send(h11.Response(status_code=204, headers=[("server", "llama.cpp")]))
+                + conn.send(h11.EndOfMessage())
+            )
+            return
+        body = self._sessions.get(conversation)
+        if body is None:
+            record.status = 404
+            error = json.dumps(
+                {
+                    "error": {
+                        "code": 404,
+                        "message": "Stream not found or expired",
+                        "type": "not_found_error",
+                    }
+                }
+            ).encode()
+            await send_simple(conn, stream, 404, error, list(_LLAMA))
+            return
+        start = int(query.get("from", "0") or 0)
+        await start_events(conn, stream, _LLAMA)
+        await stream.send(conn.send(h11.Data(data=body[start:])) + conn.send(h11.EndOfMessage()))
 
     def _pace(self) -> Pace:
         return Pace(self.stall_seconds, self.ping_interval, self.stamp)
