@@ -573,19 +573,15 @@ class Upstream:
                 + conn.send(h11.EndOfMessage())
             )
             return
+        override = headers.get("x-upstream-fault")
+        fault = (FaultPlan(override) if override else self.faults).next()
+        record.fault = str(fault)
         body = self._sessions.get(conversation)
-        if body is None:
-            record.status = 404
-            error = json.dumps(
-                {
-                    "error": {
-                        "code": 404,
-                        "message": "Stream not found or expired",
-                        "type": "not_found_error",
-                    }
-                }
-            ).encode()
-            await send_simple(conn, stream, 404, error, list(_LLAMA))
+        if body is None or fault.kind == "status":
+            record.status = fault.status if fault.kind == "status" else 404
+            message = "Stream not found or expired" if body is None else "Service unavailable"
+            error = json.dumps({"error": {"code": record.status, "message": message}}).encode()
+            await send_simple(conn, stream, record.status, error, list(_LLAMA))
             return
         start = int(query.get("from", "0") or 0)
         await start_events(conn, stream, _LLAMA)

@@ -55,12 +55,14 @@ def launch(argv_at: Callable[[int], list[str]], ready: str) -> tuple[subprocess.
 
 
 def serve_gguf(binary: str, gguf: str, *, seed: int = 42) -> tuple[subprocess.Popen[bytes], str]:
-    """``llama-server`` serving ``gguf`` with its own chat template, on two threads."""
+    """``llama-server`` serving ``gguf`` with its own chat template, on two threads, its
+    counters on ``/metrics``."""
 
     def argv_at(port: int) -> list[str]:
         return [
             binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--jinja",
             "-c", "4096", "-np", "1", "--seed", str(seed), "-t", "2", "--alias", MODEL,
+            "--metrics",
         ]  # fmt: skip
 
     return launch(argv_at, "/health")

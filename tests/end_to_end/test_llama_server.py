@@ -1,5 +1,6 @@
-"""Against a real llama.cpp server (``llama-server``): an answer cut mid-stream is resumed with
-the server's own continuation (``continue_final_message``) and comes out whole.
+"""Against a real llama.cpp server (``llama-server``): an answer cut mid-stream is re-attached
+to (the server kept generating it: ``GET /v1/stream``) or, with replay off, resumed with the
+server's own continuation (``continue_final_message``), and comes out whole.
 
 Opt-in — the server is built from source (see ``tests/recordings/llama-cpp/record.py``)::
 
@@ -95,13 +96,28 @@ async def test_a_cut_answer_resumes_on_llama_server(llama: str, cut_after: int) 
     whole, _, reference = await _answer(llama)
     assert reference.attempts == 1 and reference.finish_reason == "length"
     async with _cutting_proxy(llama, cut_after) as base:
-        text, events, done = await _answer(base, continuation="prefill")
+        text, events, done = await _answer(base, continuation="prefill", replay=False)
     resumes = [e for e in events if e.type == "resume"]
     assert done.attempts == 2 and len(resumes) == 1 and resumes[0].strategy == "prefill"
     assert resumes[0].chars_so_far > 0 and done.finish_reason == "length"
     shorter, longer = sorted((text, whole), key=len)
     assert longer.startswith(shorter), (whole, text)
     print(f"cut after {cut_after} bytes: {len(text)} of the uncut answer's {len(whole)} characters")
+
+
+@pytest.mark.parametrize("cut_after", [900, 6000])
+async def test_a_cut_answer_is_read_on_by_replay_on_llama_server(
+    llama: str, cut_after: int
+) -> None:
+    """With replay on (the default), the cut stream is re-attached (``GET /v1/stream`` from the
+    byte it reached) instead of continued: the uncut answer exactly, budget and all — it is the
+    same generation, read to its end."""
+    whole, _, reference = await _answer(llama)
+    async with _cutting_proxy(llama, cut_after) as base:
+        text, events, done = await _answer(base)
+    assert [e.strategy for e in events if e.type == "resume"] == ["replay"]
+    assert done.attempts == 2 and done.finish_reason == reference.finish_reason == "length"
+    assert text == whole
 
 
 def test_the_server_renders_a_continuation_as_the_same_turn(llama: str) -> None:

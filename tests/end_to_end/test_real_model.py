@@ -11,6 +11,7 @@ module is skipped with that command.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -111,6 +112,7 @@ async def _resumed(base: str, prompt: str, how: str) -> tuple[str, list[Any], st
         base_url=f"{base}/v1",
         api_key="none",
         continuation=how,  # type: ignore[arg-type]
+        replay=False,  # the continuation is under test, not the re-attach
         max_tokens=BUDGET,
         temperature=0,
         seed=42,
@@ -186,6 +188,7 @@ async def test_an_answer_cut_short_by_its_budget_ends_where_the_uncut_one_does(
             max_tokens=48,
             temperature=0,
             seed=42,
+            replay=False,
             **PATIENT,
         ) as stream:
             async for ev in stream:
@@ -194,3 +197,99 @@ async def test_an_answer_cut_short_by_its_budget_ends_where_the_uncut_one_does(
     assert [e.strategy for e in events if e.type == "resume"] == ["prefill"]
     assert events[-1].type == "done" and events[-1].finish_reason == "length"
     assert text == reference
+
+
+async def _predicted(url: str) -> int:
+    """Tokens the server has generated since it started (its own counter)."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        metrics = (await http.get(f"{url}/metrics")).text
+    line = next(m for m in metrics.splitlines() if m.startswith("llamacpp:tokens_predicted_total"))
+    return int(float(line.split()[-1]))
+
+
+async def _session(url: str, conversation: str) -> tuple[str, list[str], int]:
+    """What the server itself kept of one generation (``GET /v1/stream`` from byte 0): its
+    text, the names of its tool calls, and the tokens it counted."""
+    text, calls, tokens = "", [], 0
+    async with httpx.AsyncClient(timeout=60) as http:
+        got = await http.get(f"{url}/v1/stream", params={"conv_id": conversation, "from": 0})
+    for line in got.content.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            text += delta.get("content") or ""
+            calls += [
+                c["function"]["name"]
+                for c in delta.get("tool_calls") or ()
+                if c.get("function", {}).get("name")
+            ]
+        tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
+    return text, calls, tokens
+
+
+async def _replayed(
+    url: str, messages: list[dict[str, Any]], share: float, **kw: Any
+) -> tuple[list[Any], streamres.DoneEvent, list[str], int]:
+    """The answer through a proxy that drops the first connection after ``share`` of the
+    answer's bytes: (events, done, the conversations its requests opened, tokens generated)."""
+    body = request_body(messages, BUDGET, **kw)
+    async with httpx.AsyncClient(timeout=900) as http:
+        _, size, _ = await raw_stream(http, url, body)
+    opened: list[str] = []
+
+    async def seen(request: httpx.Request) -> None:
+        if request.method == "POST":
+            opened.append(request.headers["x-conversation-id"])
+
+    before = await _predicted(url)
+    events: list[Any] = []
+    async with (
+        cutting_proxy(url, int(size * share)) as base,
+        httpx.AsyncClient(event_hooks={"request": [seen]}) as http,
+        streamres.stream_resilient(
+            messages,  # type: ignore[arg-type]
+            model="smollm2",
+            base_url=f"{base}/v1",
+            api_key="none",
+            client=http,
+            max_tokens=BUDGET,
+            temperature=0,
+            seed=42,
+            **kw,
+            **PATIENT,
+        ) as stream,
+    ):
+        events = [ev async for ev in stream]
+    return events[:-1], events[-1], opened, await _predicted(url) - before
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+async def test_a_dropped_answer_is_read_on_by_replay_from_one_generation(
+    smol: str, prompt: str
+) -> None:
+    """Cut mid-answer, the stream is re-attached (``GET /v1/stream``) and read on from where
+    it broke: no continuation, one generation — the server's counter grew by that
+    generation's tokens alone, and the answer is the text the server kept of it."""
+    events, done, opened, generated = await _replayed(
+        smol, [{"role": "user", "content": prompt}], 0.5
+    )
+    assert [e.strategy for e in events if e.type == "resume"] == ["replay"]
+    assert len(opened) == 1  # one chat request: nothing was asked twice
+    kept, _, tokens = await _session(smol, opened[0])
+    assert done.text == kept and done.complete and done.join == "none"
+    assert generated == tokens > 0
+
+
+async def test_with_tools_offered_a_cut_adds_no_tool_round(smol: str) -> None:
+    """A chat UI's request — tools offered, the history ending in the tools' results — cut
+    mid-answer: re-attached, so no continuation is asked and no new tool round can start; the
+    calls are the generation's own (none, for this answer)."""
+    from tests.helpers.chat_ui import AFTER_TOOLS, TOOLS
+
+    events, done, opened, generated = await _replayed(smol, AFTER_TOOLS, 0.5, tools=TOOLS[:6])
+    assert len(opened) == 1 and [e.type for e in events if e.type in ("resume", "retry")]
+    kept, calls, tokens = await _session(smol, opened[0])
+    assert done.text == kept and [c.name for c in done.tool_calls] == calls
+    assert generated == tokens

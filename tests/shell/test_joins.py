@@ -53,7 +53,9 @@ async def test_auto_resumes_a_llama_cpp_server_by_prefill(
     second = [" fox", " jumps."] if server else ["quick brown", " fox", " jumps."]
     async with hostile(*cut_then(first, second, server=server)) as srv:
         text, events, done = await collect(
-            streamres.stream_resilient(USER, model="m", base_url=srv.url, backoff=FAST)
+            streamres.stream_resilient(
+                USER, model="m", base_url=srv.url, backoff=FAST, replay=False
+            )
         )
     assert text == "The quick brown fox jumps."
     assert [e.strategy for e in events if e.type == "resume"] == [strategy]
@@ -87,6 +89,7 @@ async def test_the_budget_left_is_counted_in_the_servers_tokens(
                 backoff=FAST,
                 max_tokens=20,
                 continuation="prefill",
+                replay=False,
             )
         )
     asked = body_of(srv.requests[1])["max_tokens"]
@@ -103,7 +106,9 @@ async def test_a_server_that_restarts_a_prefill_is_remembered_as_instruct() -> N
     responses = cut_then(first, restart, server="llama.cpp")  # says it continues; does not
     async with hostile(responses[0], responses[0], responses[1]) as srv:
         text, events, done = await collect(
-            streamres.stream_resilient(USER, model="m", base_url=srv.url, backoff=FAST)
+            streamres.stream_resilient(
+                USER, model="m", base_url=srv.url, backoff=FAST, replay=False
+            )
         )
     assert text == "The quick brown fox jumps."
     assert [e.strategy for e in events if e.type == "resume"] == ["prefill", "instruct"]
