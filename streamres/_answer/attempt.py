@@ -21,6 +21,7 @@ from streamres._core.events import Attempt, ToolCall
 from streamres._core.inflate import Inflater
 from streamres._core.logs import Log
 from streamres._core.sse import SSEDecoder
+from streamres._core.stall import RequestKind
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
 from streamres._providers.wire import HttpRequest, StreamDecoder
@@ -51,6 +52,7 @@ class AttemptState:
     """The state of the attempt in progress."""
 
     __slots__ = (
+        "asked",
         "books",
         "calls",
         "chars_before",
@@ -83,6 +85,8 @@ class AttemptState:
         self.slot = False
         self.ticket = False  # a retry-budget ticket reserved, not yet used
         self.exchange: Exchange | None = None
+        #: What kind of request it is, for its first-output wait (``stall.request_kind``).
+        self.asked: RequestKind = "quick"
         self.sent_at = 0.0
         self.first_content: float | None = None
         self.chars_before = 0
@@ -230,9 +234,12 @@ class AttemptState:
         weight = fleet.states[index].weight.current
         ttft = self.ttft()
         if fail is None:
-            moved = fleet.succeeded(index, now, ttft=ttft, latency=now - self.sent_at)
+            latency = now - self.sent_at
+            moved = fleet.succeeded(index, now, ttft=ttft, latency=latency, asked=self.asked)
         else:
-            moved = fleet.failed(index, now, fail.kind, ttft=ttft, retry_after=fail.retry_after)
+            moved = fleet.failed(
+                index, now, fail.kind, ttft=ttft, retry_after=fail.retry_after, asked=self.asked
+            )
         if moved is not None:
             log.info(f"streamres.breaker_{moved}", model=route.key)
         if fail is not None and fail.retry_after is not None:

@@ -70,7 +70,7 @@ from streamres._core.policy import (
     reinterpret,
 )
 from streamres._core.redact import Redactor, redact_url
-from streamres._core.stall import StallTimer, first_output_limit
+from streamres._core.stall import StallTimer, first_output_limit, request_kind
 from streamres._core.tokens import Counter
 from streamres._fleet.routes import Route
 from streamres._providers.wire import HttpRequest
@@ -505,11 +505,8 @@ class Answer:
             return self._close(now)
         req = prepared.request
         exchange = request.exchange(opts, route, req, prepared.dedup, replay)
-        self.stall.first = opts.first_token_timeout
-        if self.chain.has_fallback and not (opts.hedged and attempt.index == opts.chain[0]):
-            # A fallback at hand: this model's own pace decides (unless a hedge covers it).
-            samples = self.fleet.ttft_samples(attempt.index)  # with shared state, the fleet's too
-            self.stall.first = first_output_limit(samples, opts.first_token_timeout)
+        attempt.asked = request_kind(opts.extra_body, route.model, route.thinks)
+        self.stall.first = self._first_output(attempt)
         self.stall.start(now)
         ledger = self.delivery.ledger
         attempt.send(
@@ -780,6 +777,23 @@ class Answer:
         self.log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
         words = self.redactor.redact(message)
         return telling.error(cls, words, last, self.text, self.history, self.model, wait)
+
+    def _first_output(self, attempt: AttemptState) -> float:
+        """How long the attempt waits for its first output: the route's bound, else the
+        answer's ``first_token_timeout``; with a fallback at hand (unless a hedge covers this
+        model), the limit learnt from the model's own times to first token for requests of
+        this kind — and, before any is known, the quick bound for a request that asks for no
+        reasoning."""
+        opts, route = self.opts, attempt.route
+        own = route.first_token_timeout
+        ceiling = own if own is not None else opts.first_token_timeout
+        if not self.chain.has_fallback or (opts.hedged and attempt.index == opts.chain[0]):
+            return ceiling
+        # With shared state, the fleet's samples too.
+        samples = self.fleet.ttft_samples(attempt.index, attempt.asked)
+        quick = opts.quick_first_token_timeout
+        use_quick = attempt.asked == "quick" and own is None
+        return first_output_limit(samples, ceiling, quick=quick if use_quick else None)
 
     def _header_wait(self, route: Route) -> float:
         """How long this attempt waits for response headers: with another model to go to,

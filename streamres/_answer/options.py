@@ -17,7 +17,7 @@ from streamres._core.bounds import ReadLimits
 from streamres._core.errors import InvalidRequest
 from streamres._core.lanes import NORMAL, check_priority
 from streamres._core.redact import redact_url
-from streamres._core.stall import FIRST_OUTPUT, HEADERS
+from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
@@ -72,6 +72,9 @@ class Options:
     priority: int = 0
     #: Seconds to wait for response headers when the chain has another model (``HEADERS``).
     header_timeout: float = HEADERS
+    #: The first-output wait of a quick request (no reasoning asked) on a model with no
+    #: history, when the chain has another model (``stall.QUICK_FIRST``).
+    quick_first_token_timeout: float = QUICK_FIRST
     #: Text the caller already has (``continue_from``): the answer starts as though it had
     #: been delivered, and its first request asks for the rest.
     continue_from: str = ""
@@ -119,6 +122,10 @@ def resolve_route(route: Route) -> Route:
         raise _bad(f"weight must be positive, not {route.weight!r}")
     if route.header_timeout is not None:
         _seconds("header_timeout", route.header_timeout)
+    if route.first_token_timeout is not None:
+        _seconds("first_token_timeout", route.first_token_timeout)
+    if route.thinks is not None and not isinstance(route.thinks, bool):
+        raise _bad(f"thinks must be True, False or None, not {route.thinks!r:.60}")
     return replace(route, base_url=url, api_key=key)
 
 
@@ -132,6 +139,7 @@ KNOWN_ARGUMENTS = (
     "deadline",
     "stall_timeout",
     "first_token_timeout",
+    "quick_first_token_timeout",
     "header_timeout",
     "max_tokens",
     "client",
@@ -211,6 +219,7 @@ def check_options(
     priority: Any = NORMAL,
     header_timeout: Any = HEADERS,
     continue_from: Any = "",
+    quick_first_token_timeout: Any = QUICK_FIRST,
 ) -> Options:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise _bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -277,6 +286,9 @@ def check_options(
         priority=_priority(priority),
         header_timeout=_seconds("header_timeout", header_timeout) or HEADERS,
         continue_from=continue_from,
+        quick_first_token_timeout=(
+            _seconds("quick_first_token_timeout", quick_first_token_timeout) or QUICK_FIRST
+        ),
     )
 
 

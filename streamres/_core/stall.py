@@ -17,11 +17,21 @@ A caller who gives ``stall_timeout`` gets that one fixed limit in both phases, a
 
 from __future__ import annotations
 
+import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
-__all__ = ["FIRST_OUTPUT", "HEADERS", "StallTimer", "first_output_limit"]
+__all__ = [
+    "FIRST_OUTPUT",
+    "HEADERS",
+    "QUICK_FIRST",
+    "RequestKind",
+    "StallTimer",
+    "first_output_limit",
+    "request_kind",
+]
 
 #: Default wait for an attempt's first output (and its response headers).
 FIRST_OUTPUT = 60.0
@@ -38,14 +48,61 @@ LEARN_AFTER = 5
 FIRST_FACTOR = 4.0
 FIRST_FLOOR = 8.0
 
+#: The first-output wait of a request that asks for no reasoning, on a model with no history
+#: yet, when the answer has another model to go to: a careful gateway's bound (gateways fail
+#: over on time to first token by configuration; 10 s is well past a quick model's first token
+#: under load, and leaves a fallback's answer inside 15 s). A reasoning request keeps the whole
+#: ``first_token_timeout``: its first token comes after the thinking.
+QUICK_FIRST = 10.0
 
-def first_output_limit(samples: Sequence[float], ceiling: float) -> float:
+#: What a request asks of the model, for its first-output wait: ``reasoning`` (effort, a
+#: thinking budget, or a model that reasons by default) or ``quick``.
+RequestKind = Literal["quick", "reasoning"]
+
+#: Model names that reason by default (OpenAI's o-series and GPT-5, DeepSeek's reasoner and R1,
+#: QwQ, models named for thinking).
+_THINKERS = re.compile(r"(?:^|[/:])o[1-9]|gpt-5|reason|(?:^|[-_/:])r1(?:$|[-_:])|qwq|think", re.I)
+_NO_EFFORT = ("none", "minimal")
+
+
+def request_kind(body: Mapping[str, Any], model: str, thinks: bool | None = None) -> RequestKind:
+    """``reasoning`` when the request asks for it — ``reasoning_effort`` (or the Responses API's
+    ``reasoning.effort``) other than none or minimal, Anthropic ``thinking`` on, an
+    ``enable_thinking`` switch — or when the route says its model reasons (``thinks``; ``None``:
+    by its name, unless the request turns the effort down); else ``quick``."""
+    effort = body.get("reasoning_effort")
+    reasoning = body.get("reasoning")
+    if effort is None and isinstance(reasoning, Mapping):
+        effort = reasoning.get("effort")
+    thinking = body.get("thinking")
+    kwargs = body.get("chat_template_kwargs")
+    switch = body.get("enable_thinking")
+    if switch is None and isinstance(kwargs, Mapping):
+        switch = kwargs.get("enable_thinking")
+    if (isinstance(effort, str) and effort.lower() in _NO_EFFORT) or switch is False:
+        return "reasoning" if thinks else "quick"
+    if (
+        isinstance(effort, str)
+        or (isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive"))
+        or switch is True
+    ):
+        return "reasoning"
+    if thinks is None:
+        return "reasoning" if _THINKERS.search(model) else "quick"
+    return "reasoning" if thinks else "quick"
+
+
+def first_output_limit(
+    samples: Sequence[float], ceiling: float, *, quick: float | None = None
+) -> float:
     """How long an attempt on a model waits for its first output, when the answer has another
-    model to go to: learnt from the model's own recent times to first token. A model that is
-    suddenly slow for its history is left early (a fallback is at hand); one that is always
-    slow (a reasoning model) keeps its time; until enough is known, the generous ``ceiling``."""
+    model to go to: learnt from the model's own recent times to first token for requests of
+    the same kind (``samples``). A model that is suddenly slow for its history is left early (a
+    fallback is at hand); one that is always slow (a reasoning model) keeps its time. Until
+    enough is known: ``quick`` for a request that asks for no reasoning (``QUICK_FIRST``), the
+    generous ``ceiling`` for one that does (``quick=None``)."""
     if len(samples) < LEARN_AFTER:
-        return ceiling
+        return ceiling if quick is None else min(ceiling, quick)
     ordered = sorted(samples)
     p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
     return min(ceiling, max(FIRST_FLOOR, FIRST_FACTOR * p95))

@@ -132,11 +132,13 @@ class Fleet:
         self.steering = True
         #: Other processes' recent times to first token, by route key (shared state sets them
         #: at each sync): a model's first-output limit learns from the whole fleet.
-        self.peer_ttft: dict[str, tuple[float, ...]] = {}
+        self.peer_ttft: dict[tuple[str, str], tuple[float, ...]] = {}
 
-    def ttft_samples(self, i: int) -> list[float]:
-        """Route ``i``'s recent times to first token: this process's, then the fleet's."""
-        return [*self.states[i].stats.ttft, *self.peer_ttft.get(self.routes[i].key, ())]
+    def ttft_samples(self, i: int, kind: str = "quick") -> list[float]:
+        """Route ``i``'s recent times to first token for requests of ``kind``
+        (``stall.request_kind``): this process's, then the fleet's."""
+        own = self.states[i].stats.learnt[kind]
+        return [*own, *self.peer_ttft.get((self.routes[i].key, kind), ())]
 
     # -- choosing -------------------------------------------------------------------------
 
@@ -204,11 +206,12 @@ class Fleet:
         stats.resumes += resume
 
     def succeeded(
-        self, i: int, now: float, *, ttft: float | None, latency: float
+        self, i: int, now: float, *, ttft: float | None, latency: float, asked: str = "quick"
     ) -> BreakerState | None:
+        """Route ``i``'s attempt succeeded (``asked``: the kind of request it was)."""
         s = self.states[i]
         before = s.breaker.state
-        s.stats.succeeded(ttft=ttft, latency=latency)
+        s.stats.succeeded(ttft=ttft, latency=latency, kind=asked)
         s.trend.record(now, ok=True, capacity=False, ttft=ttft)
         self._steer(s, now)
         if s.weight.current < s.weight.base:
@@ -222,10 +225,17 @@ class Fleet:
         return after if after != before else None
 
     def failed(
-        self, i: int, now: float, kind: str, *, ttft: float | None, retry_after: float | None
+        self,
+        i: int,
+        now: float,
+        kind: str,
+        *,
+        ttft: float | None,
+        retry_after: float | None,
+        asked: str = "quick",
     ) -> BreakerState | None:
         s = self.states[i]
-        s.stats.failed(kind, ttft=ttft)
+        s.stats.failed(kind, ttft=ttft, asked=asked)
         if retry_after is not None:
             s.cooldown_until = max(s.cooldown_until, now + min(retry_after, MAX_COOLDOWN))
             self._tell(Changed(i, "cooldown", s.cooldown_until))

@@ -20,6 +20,8 @@ __all__ = ["Health", "ModelMetrics", "RouteStats", "assess", "export", "merge"]
 
 _RECENT = 20
 _SAMPLES = 512
+#: Times to first token kept per request kind, for first-output limits (recent ones matter).
+_LEARNT = 64
 _CAPACITY_KINDS = frozenset({"capacity", "rate_limit"})
 
 
@@ -100,6 +102,11 @@ class RouteStats:
     #: Seconds attempts spent waiting for a pooled connection or a concurrency slot.
     queued_seconds: float = 0.0
     ttft: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    #: Times to first token by request kind (``stall.request_kind``), which first-output
+    #: limits are learnt from: a quick request's says nothing of a reasoning one's.
+    learnt: dict[str, deque[float]] = field(
+        default_factory=lambda: {k: deque(maxlen=_LEARNT) for k in ("quick", "reasoning")}
+    )
     latency: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     #: (succeeded, capacity error, latency or None) of the last requests.
     recent: deque[tuple[bool, bool, float | None]] = field(
@@ -110,15 +117,20 @@ class RouteStats:
         self.requests += 1
         self.in_flight += 1
 
-    def succeeded(self, *, ttft: float | None, latency: float) -> None:
-        self.in_flight -= 1
-        self.successes += 1
+    def _first(self, ttft: float | None, kind: str) -> None:
         if ttft is not None:
             self.ttft.append(ttft)
+            self.learnt[kind].append(ttft)
+
+    def succeeded(self, *, ttft: float | None, latency: float, kind: str = "quick") -> None:
+        self.in_flight -= 1
+        self.successes += 1
+        self._first(ttft, kind)
         self.latency.append(latency)
         self.recent.append((True, False, latency))
 
-    def failed(self, kind: str, *, ttft: float | None) -> None:
+    def failed(self, kind: str, *, ttft: float | None, asked: str = "quick") -> None:
+        """An attempt failed (``kind``: how; ``asked``: the kind of request it was)."""
         self.in_flight -= 1
         if kind == "client_busy":  # this side's failure: the server's figures stay as they were
             self.requests -= 1
@@ -129,8 +141,7 @@ class RouteStats:
         self.capacity_errors += capacity
         self.stalls += kind == "stall"
         self.truncations += kind == "truncated"
-        if ttft is not None:
-            self.ttft.append(ttft)
+        self._first(ttft, asked)
         self.recent.append((False, capacity, None))
 
 
@@ -269,6 +280,8 @@ def export(stats: RouteStats) -> dict[str, object]:
     out: dict[str, object] = {name: getattr(stats, name) for name in _COUNTERS}
     out["queued_seconds"] = stats.queued_seconds
     out["ttft"] = list(stats.ttft)[-_SHARED_SAMPLES:]
+    for kind, samples in stats.learnt.items():
+        out[f"ttft_{kind}"] = list(samples)[-_SHARED_SAMPLES:]
     out["latency"] = list(stats.latency)[-_SHARED_SAMPLES:]
     out["recent"] = [list(r) for r in stats.recent]
     return out

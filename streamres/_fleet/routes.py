@@ -48,6 +48,13 @@ class Route:
     #: to go to (default: the answer's ``header_timeout``, 10 s); for a server that sends its
     #: headers only once the prompt is read (a local model on a CPU), give it more.
     header_timeout: float | None = None
+    #: The model reasons before it writes: its requests wait the answer's whole
+    #: ``first_token_timeout`` for a first output, not the quick bound. ``None``: by its name
+    #: (o-series, GPT-5, a reasoner, R1, QwQ, "think") and by what each request asks.
+    thinks: bool | None = None
+    #: This route's own first-output wait (seconds), for every request: with no history and
+    #: as the ceiling of the limit learnt from it. ``None``: the answer's bounds.
+    first_token_timeout: float | None = None
     #: The model's context window in tokens, when known: a request refused for its length
     #: goes to a model of the chain with a larger window first, and never to one with a
     #: window no larger than the one that refused it.

@@ -12,7 +12,7 @@ from streamres._answer.options import KNOWN_ARGUMENTS
 from streamres._core.bounds import ANSWER
 from streamres._core.lanes import NORMAL, parse_priority
 from streamres._core.redact import redact_url
-from streamres._core.stall import FIRST_OUTPUT, HEADERS
+from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST
 from streamres._core.wording import plural
 from streamres._shell.cliargs import (
     DEFAULT_MODELS,
@@ -38,6 +38,7 @@ __all__ = [
     "HEADERS",
     "KNOWN_ARGUMENTS",
     "NORMAL",
+    "QUICK_FIRST",
     "Parser",
     "SharedState",
     "add_target_arguments",

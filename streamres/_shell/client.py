@@ -27,7 +27,13 @@ from streamres._core.errors import InvalidRequest
 from streamres._core.events import Event
 from streamres._core.lanes import NORMAL
 from streamres._core.semantic import split_question
-from streamres._core.stall import FIRST_OUTPUT, HEADERS, first_output_limit
+from streamres._core.stall import (
+    FIRST_OUTPUT,
+    HEADERS,
+    QUICK_FIRST,
+    first_output_limit,
+    request_kind,
+)
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.metrics import Health, ModelMetrics
@@ -94,6 +100,7 @@ class Client:
         stall_timeout: float | None = None,
         first_token_timeout: float = FIRST_OUTPUT,
         header_timeout: float = HEADERS,
+        quick_first_token_timeout: float = QUICK_FIRST,
         backoff: Backoff | None = None,
         fallback_after: int = 2,
         rng: random.Random | None = None,
@@ -135,6 +142,7 @@ class Client:
             stall_timeout=stall_timeout,
             first_token_timeout=first_token_timeout,
             header_timeout=header_timeout,
+            quick_first_token_timeout=quick_first_token_timeout,
             max_tokens=None,
             max_attempts=None,
             backoff=backoff,
@@ -154,6 +162,7 @@ class Client:
         self._stall_timeout = stall_timeout
         self._first_token_timeout = first_token_timeout
         self._header_timeout = header_timeout
+        self._quick_first_token_timeout = quick_first_token_timeout
         self._backoff = backoff
         self._fallback_after = fallback_after
         self._rng = rng or random.Random()
@@ -263,6 +272,7 @@ class Client:
         stall_timeout: float | None = None,
         first_token_timeout: float | None = None,
         header_timeout: float | None = None,
+        quick_first_token_timeout: float | None = None,
         max_tokens: int | None = None,
         max_attempts: int | None = None,
         headers: Mapping[str, str] | None = None,
@@ -317,6 +327,11 @@ class Client:
                 self._first_token_timeout if first_token_timeout is None else first_token_timeout
             ),
             header_timeout=self._header_timeout if header_timeout is None else header_timeout,
+            quick_first_token_timeout=(
+                self._quick_first_token_timeout
+                if quick_first_token_timeout is None
+                else quick_first_token_timeout
+            ),
             max_tokens=max_tokens,
             max_attempts=max_attempts,
             backoff=self._backoff,
@@ -369,7 +384,9 @@ class Client:
         """The answer hedged (``_shell/hedge``), when its first model has a fallback and a
         first-output limit learnt from its history; else ``None``."""
         first, rest = opts.chain[0], [i for i in opts.chain if i != opts.chain[0]]
-        after = first_output_limit(self.fleet.ttft_samples(first), opts.first_token_timeout)
+        route = self.fleet.routes[first]
+        asked = request_kind(opts.extra_body, route.model, route.thinks)
+        after = first_output_limit(self.fleet.ttft_samples(first, asked), opts.first_token_timeout)
         if not rest or after >= opts.first_token_timeout or self._tg is None or opts.continue_from:
             return None
         tg, routes = self._tg, self.fleet.routes

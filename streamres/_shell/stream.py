@@ -52,7 +52,7 @@ from streamres._core.inflate import ACCEPT_ENCODING
 from streamres._core.pace import Outcome
 from streamres._core.policy import connect_allowance
 from streamres._core.redact import redact_url
-from streamres._core.stall import FIRST_OUTPUT, HEADERS
+from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST
 from streamres._core.tokens import Counter, counter_for
 from streamres._fleet.fleet import Fleet
 from streamres._providers.wire import HttpRequest
@@ -154,6 +154,7 @@ def stream_resilient(
     stall_timeout: float | None = None,
     first_token_timeout: float = FIRST_OUTPUT,
     header_timeout: float = HEADERS,
+    quick_first_token_timeout: float = QUICK_FIRST,
     max_tokens: int | None = None,
     client: httpx.AsyncClient | None = None,
     continuation: Literal["auto", "prefill", "prefix", "instruct"] = "auto",
@@ -209,6 +210,7 @@ def stream_resilient(
         deadline=deadline,
         stall_timeout=stall_timeout,
         first_token_timeout=first_token_timeout,
+        quick_first_token_timeout=quick_first_token_timeout,
         header_timeout=header_timeout,
         max_tokens=max_tokens,
         max_attempts=max_attempts,

@@ -5,7 +5,9 @@ served by llama.cpp's ``llama-server`` answers each prompt at temperature 0 with
 the uncut answer is the reference. Each answer is then cut by a loopback proxy that drops the
 connection after a share of the reference's bytes (early, mid-way, late) and recovered:
 
-- by ``stream_resilient()`` with ``continuation`` = ``prefill``, ``instruct`` and ``auto``;
+- by ``stream_resilient()`` re-attaching to the stream the server kept generating
+  (``replay``: llama.cpp's ``GET /v1/stream``, the default), and, with replay off, continuing
+  it with ``continuation`` = ``prefill``, ``instruct`` and ``auto``;
 - by the two baselines users get elsewhere: **restart** (the official SDKs' retry: ask again,
   show the partial answer and then the whole new one) and **naive** (resubmit the partial answer
   and append whatever comes back, as LiteLLM's router does — no de-duplication).
@@ -13,7 +15,10 @@ connection after a share of the reference's bytes (early, mid-way, late) and rec
 What the caller received is judged against the reference: exact; seamless (the delivered text,
 then a continuation that repeats none of it, keeps the space between words and ends the answer);
 duplicated characters shown; ended at the seam (nothing added after the cut, mid-sentence);
-glued words; seconds from the break to the first new text. Raw replies to the two instruct
+glued words; seconds from the break to the first new text; tokens the server generated for
+the answer, per token of the reference (its own counter, ``/metrics``; the median case: 1.0 is
+one generation).
+Raw replies to the two instruct
 wordings are also classified (continued from the cut / restarted from the start / other), which
 is how the wording was chosen.
 
@@ -93,7 +98,7 @@ PROMPTS: tuple[str, ...] = (
     "What is a black hole? Answer briefly.",
 )
 CUTS = (("early", 0.2), ("middle", 0.5), ("late", 0.8))
-STRATEGIES = ("prefill", "instruct", "auto")
+STRATEGIES = ("replay", "prefill", "instruct", "auto")
 BASELINES = ("restart", "naive")
 
 
@@ -108,6 +113,9 @@ class Case:
     join: str = ""
     recover_seconds: float | None = None
     verdict: dict[str, Any] = field(default_factory=dict)
+    #: Tokens the server generated for the reference, and for this case.
+    reference_tokens: int = 0
+    generated_tokens: int = 0
 
 
 def judge(reference: str, partial: str, text: str) -> dict[str, Any]:
@@ -155,7 +163,8 @@ async def _streamres(
             model=MODEL,
             base_url=f"{base}/v1",
             api_key="none",
-            continuation=how,  # type: ignore[arg-type]
+            continuation="auto" if how == "replay" else how,  # type: ignore[arg-type]
+            replay=how == "replay",
             max_tokens=max_tokens,
             temperature=0,
             seed=42,
@@ -202,6 +211,28 @@ def _kind_of_reply(reference: str, partial: str, reply: str) -> str:
     return "other"
 
 
+async def _generated(http: httpx.AsyncClient, url: str) -> int:
+    """Tokens the server has generated since it started (``llamacpp:tokens_predicted_total``;
+    0 when it keeps no counters)."""
+    with contextlib.suppress(httpx.HTTPError, ValueError, StopIteration):
+        metrics = (await http.get(f"{url}/metrics")).text
+        line = next(
+            m for m in metrics.splitlines() if m.startswith("llamacpp:tokens_predicted_total ")
+        )
+        return int(float(line.split()[-1]))
+    return 0
+
+
+async def _settled(http: httpx.AsyncClient, url: str) -> None:
+    """Until the server generates nothing (``/slots``: no slot processing), about 30 s at
+    most."""
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        for _ in range(600):  # another process's state: asked again every 50 ms
+            if not any(s.get("is_processing") for s in (await http.get(f"{url}/slots")).json()):
+                return
+            await anyio.sleep(0.05)
+
+
 async def run(
     url: str, prompts: Sequence[str], *, max_tokens: int, deadline: float, progress: bool
 ) -> dict[str, Any]:
@@ -213,9 +244,12 @@ async def run(
         for n, prompt in enumerate(prompts, 1):
             asked = [{"role": "user", "content": prompt}]
             for _ in range(3):  # a reference that failed (a timeout on a busy machine): again
+                before = await _generated(http, url)
                 reference, size, finish = await raw_stream(
                     http, url, request_body(asked, max_tokens)
                 )
+                await _settled(http, url)
+                reference_tokens = await _generated(http, url) - before
                 if reference and finish:
                     break
             else:
@@ -225,6 +259,7 @@ async def run(
             for cut, share in CUTS:
                 cut_after = max(1, int(size * share))
                 for how in (*STRATEGIES, *BASELINES):
+                    before = await _generated(http, url)
                     async with cutting_proxy(url, cut_after) as base:
                         if how in STRATEGIES:
                             partial, text, join, secs = await _streamres(
@@ -235,7 +270,11 @@ async def run(
                                 http, url, base, prompt, how, max_tokens
                             )
                             join = ""
+                    # A generation the server runs on after the cut counts once it has ended.
+                    await _settled(http, url)
                     case = Case(prompt, cut, how, reference, partial, text, join, secs)
+                    case.reference_tokens = reference_tokens
+                    case.generated_tokens = await _generated(http, url) - before
                     case.verdict = judge(reference, partial, text)
                     cases.append(case)
                     if how == "naive":
@@ -252,6 +291,12 @@ async def run(
             if progress:
                 print(f"  {n}/{len(prompts)} prompts", file=sys.stderr, flush=True)
     return {"cases": cases, "wordings": wordings, "skipped": skipped, "budgeted": budgeted}
+
+
+def _median(values: list[float]) -> float | None:
+    """The middle value (a case disturbed by the machine does not move it), 2 decimals."""
+    ordered = sorted(values)
+    return round(ordered[len(ordered) // 2], 2) if ordered else None
 
 
 def summarise(cases: Sequence[Case]) -> list[dict[str, Any]]:
@@ -279,6 +324,9 @@ def summarise(cases: Sequence[Case]) -> list[dict[str, Any]]:
                 ),
                 "glued": sum(c.verdict["glued"] for c in mine),
                 "recover_p50_s": round(secs[len(secs) // 2], 2) if secs else None,
+                "generated_per_reference": _median(
+                    [c.generated_tokens / c.reference_tokens for c in mine if c.reference_tokens]
+                ),
                 "joins": sorted({c.join for c in mine if c.join}),
             }
         )

@@ -6,6 +6,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     deadline = 120            # seconds per answer, retries and resumes included
     stall_timeout = 0         # 0: adaptive (follows each stream's pace)
     first_token_timeout = 60  # seconds for an attempt's first output (a model thinking)
+    quick_first_token_timeout = 10  # …for a request asking no reasoning, on a model not yet learnt
     header_timeout = 10       # seconds for response headers, when there is a model to fall back to
     hedge = false             # true: a model slow to start for its history races its fallback
     breaker_threshold = 3
@@ -23,6 +24,9 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     weight = 1.0
     max_in_flight = 5
     header_timeout = 10       # this route's own header bound (a local CPU model: give it more)
+    first_token_timeout = 60  # this route's own first-output bound, every request
+    thinks = false            # a reasoning model (default: by its name and each request)
+    replay = true             # re-attach to a stream its server kept (llama.cpp's)
     context_window = 128000   # tokens: a request too long for one model goes to a larger one
 
     [models]                  # aliases a client may ask for -> fallback chains of routes
@@ -83,6 +87,7 @@ from streamres._shell.apps import (
     FIRST_OUTPUT,
     HEADERS,
     NORMAL,
+    QUICK_FIRST,
     install_hint,
     installed,
     parse_priority,
@@ -187,6 +192,9 @@ class Config:
     #: another model to go to (``[policy]``; a route's own ``header_timeout`` wins).
     first_token_timeout: float = FIRST_OUTPUT
     header_timeout: float = HEADERS
+    #: Seconds for a quick request's first output on a model with no history yet, when a
+    #: chain has another model to go to (``[policy] quick_first_token_timeout``).
+    quick_first_token_timeout: float = QUICK_FIRST
     #: A hedged first token (``[policy] hedge``, ``Client(hedge=...)``).
     hedge: bool = False
     breaker_threshold: int = 3
@@ -220,6 +228,7 @@ class Config:
             "stall_timeout": self.stall_timeout,
             "first_token_timeout": self.first_token_timeout,
             "header_timeout": self.header_timeout,
+            "quick_first_token_timeout": self.quick_first_token_timeout,
             "hedge": self.hedge,
             "breaker_threshold": self.breaker_threshold,
             "breaker_recovery": self.breaker_recovery,
@@ -241,6 +250,8 @@ _ROUTE_KEYS = {
     "replay",
     "header_timeout",
     "context_window",
+    "thinks",
+    "first_token_timeout",
 }
 
 #: The tables of ``routes.toml`` and the keys of each (``routes`` is checked per route).
@@ -260,6 +271,7 @@ _POLICY_KEYS = (
     "stall_timeout",
     "first_token_timeout",
     "header_timeout",
+    "quick_first_token_timeout",
     "hedge",
     "breaker_threshold",
     "breaker_recovery",
@@ -437,6 +449,7 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         stall_timeout=float(stall) if stall else None,
         first_token_timeout=_positive("first_token_timeout", policy, FIRST_OUTPUT),
         header_timeout=_positive("header_timeout", policy, HEADERS),
+        quick_first_token_timeout=_positive("quick_first_token_timeout", policy, QUICK_FIRST),
         hedge=hedge,
         breaker_threshold=int(policy.get("breaker_threshold", 3)),
         breaker_recovery=float(policy.get("breaker_recovery", 60.0)),

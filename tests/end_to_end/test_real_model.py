@@ -203,7 +203,7 @@ async def _predicted(url: str) -> int:
     """Tokens the server has generated since it started (its own counter)."""
     async with httpx.AsyncClient(timeout=30) as http:
         metrics = (await http.get(f"{url}/metrics")).text
-    line = next(m for m in metrics.splitlines() if m.startswith("llamacpp:tokens_predicted_total"))
+    line = next(m for m in metrics.splitlines() if m.startswith("llamacpp:tokens_predicted_total "))
     return int(float(line.split()[-1]))
 
 

@@ -21,16 +21,22 @@ METRICS_EVERY = 1.0
 SCRIPTS = {"weight": script("weight"), "metrics": script("metrics")}
 
 
-def _ttft_of(others: list[dict[str, Any]]) -> dict[str, tuple[float, ...]]:
-    """The other processes' recent times to first token, by route key (what each exported)."""
-    out: dict[str, list[float]] = {}
+def _ttft_of(others: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float, ...]]:
+    """The other processes' recent times to first token, by route key and request kind (what
+    each exported; a process that exports no kinds is read as quick requests)."""
+    out: dict[tuple[str, str], list[float]] = {}
     for routes in others:
         for key, figures in routes.items():
-            got = figures.get("ttft") if isinstance(figures, dict) else None
-            if isinstance(got, list):
-                out.setdefault(str(key), []).extend(
-                    float(x) for x in got if isinstance(x, (int, float)) and x >= 0
-                )
+            if not isinstance(figures, dict):
+                continue
+            for kind in ("quick", "reasoning"):
+                got = figures.get(f"ttft_{kind}")
+                if got is None and kind == "quick" and "ttft_reasoning" not in figures:
+                    got = figures.get("ttft")
+                if isinstance(got, list):
+                    out.setdefault((str(key), kind), []).extend(
+                        float(x) for x in got if isinstance(x, (int, float)) and x >= 0
+                    )
     return {k: tuple(v) for k, v in out.items()}
 
 
