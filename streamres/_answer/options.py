@@ -75,6 +75,9 @@ class Options:
     #: The first-output wait of a quick request (no reasoning asked) on a model with no
     #: history, when the chain has another model (``stall.QUICK_FIRST``).
     quick_first_token_timeout: float = QUICK_FIRST
+    #: The caller's words asking an instruct continuation to go on (``None``: the route's,
+    #: else streamres's own in the answer's language).
+    continue_instruction: str | None = None
     #: Text the caller already has (``continue_from``): the answer starts as though it had
     #: been delivered, and its first request asks for the rest.
     continue_from: str = ""
@@ -82,6 +85,13 @@ class Options:
     #: wait the whole ``first_token_timeout``, not the limit learnt from its history (at which
     #: the hedge starts the fallback alongside instead of leaving it).
     hedged: bool = False
+
+
+def _instruction(value: Any) -> str | None:
+    """A caller's continue instruction: ``None``, or words to send."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise _bad(f"continue_instruction must be None or some words, not {value!r:.60}")
+    return value
 
 
 def resolve_route(route: Route) -> Route:
@@ -112,8 +122,9 @@ def resolve_route(route: Route) -> Route:
     key = route.api_key if route.api_key is not None else os.environ.get(env_key)
     if not key and url == official:
         raise _bad(f"no API key for {official}: pass api_key=... or set {env_key}")
-    if route.continuation not in ("auto", "prefill", "prefix", "instruct"):
-        raise _bad("continuation must be 'auto', 'prefill', 'prefix' or 'instruct'")
+    if route.continuation not in ("auto", "prefill", "prefix", "partial", "instruct"):
+        raise _bad("continuation must be 'auto', 'prefill', 'prefix', 'partial' or 'instruct'")
+    _instruction(route.continue_instruction)
     if not isinstance(route.replay, bool):
         raise _bad(f"replay must be True or False, not {route.replay!r:.60}")
     if route.max_in_flight is not None and route.max_in_flight < 1:
@@ -140,6 +151,7 @@ KNOWN_ARGUMENTS = (
     "stall_timeout",
     "first_token_timeout",
     "quick_first_token_timeout",
+    "continue_instruction",
     "header_timeout",
     "max_tokens",
     "client",
@@ -220,6 +232,7 @@ def check_options(
     header_timeout: Any = HEADERS,
     continue_from: Any = "",
     quick_first_token_timeout: Any = QUICK_FIRST,
+    continue_instruction: Any = None,
 ) -> Options:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise _bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -289,6 +302,7 @@ def check_options(
         quick_first_token_timeout=(
             _seconds("quick_first_token_timeout", quick_first_token_timeout) or QUICK_FIRST
         ),
+        continue_instruction=_instruction(continue_instruction),
     )
 
 

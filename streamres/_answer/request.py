@@ -221,6 +221,7 @@ def continuation(
         provider=route.provider,
         thinking=thinking,
         wording=wording,
+        own_instruction=opts.continue_instruction or route.continue_instruction,
     )
     dedup = Deduplicator(
         delivered,

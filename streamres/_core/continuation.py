@@ -10,6 +10,9 @@ Strategies:
     ``continue_final_message: true`` and ``add_generation_prompt: false``.
 ``prefix``
     DeepSeek and Mistral: the trailing assistant message carries ``"prefix": true``.
+``partial``
+    Moonshot (Kimi) and Qwen on DashScope: the trailing assistant message carries
+    ``"partial": true``, and the model continues it.
 ``instruct``
     For servers that always start a new turn (OpenAI itself, Claude models that refuse
     prefill): the partial answer as an assistant turn, then a short user turn asking to
@@ -17,21 +20,23 @@ Strategies:
     removes it.
 
 ``auto`` picks ``prefill`` for Anthropic, ``prefix`` for Mistral and DeepSeek's ``/beta``
-endpoint, ``prefill`` for a server that has shown it continues a final assistant message, and
-``instruct`` for every other OpenAI-compatible server. The evidence is learned per base URL,
-from what the server itself sends (:func:`continues_prefill`): llama.cpp's server names itself
-in every response (``server: llama.cpp``) and renders ``continue_final_message`` as the same
-assistant turn. A model that answers "prefill not supported" — or any 400 to a prefill/prefix
-continuation after the first request was accepted — or that answers a prefill by starting the
-whole answer again (llama-cpp-python's server ignores ``continue_final_message``) is switched
-to ``instruct``, and remembered.
+endpoint, ``partial`` for Moonshot and DashScope, ``prefill`` for a server that has shown it
+continues a final assistant message, and ``instruct`` for every other OpenAI-compatible server.
+The evidence is learned per base URL, from what the server itself sends
+(:func:`continues_prefill`): llama.cpp's server names itself in every response (``server:
+llama.cpp``) and renders ``continue_final_message`` as the same assistant turn. A model that
+answers "prefill not supported" — or any 400 to a prefill/prefix continuation after the first
+request was accepted — or that answers a prefill by starting the whole answer again
+(llama-cpp-python's server ignores ``continue_final_message``) is switched to ``instruct``, and
+remembered.
 
 Instruct has wordings (``wording``): the first puts the partial answer in an assistant turn and
 asks in a user turn to continue; the second also quotes the partial answer's last words in the
 instruction, so a model that re-reads the instruction rather than its own turn knows where to
 pick up. A continuation that ends at the seam, adding nothing, is asked again in the other
 wording. Both are in the language of the answer being continued: a Chinese answer (most of its
-last letters Han) is asked in Chinese, any other in English.
+last letters Han) is asked in Chinese, any other in English. A caller's own instruction (per
+call or per route: ``continue_instruction``) replaces the plain wording; the quoting one stays.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ __all__ = [
     "thinking_enabled",
 ]
 
-Strategy = Literal["prefill", "prefix", "instruct"]
+Strategy = Literal["prefill", "prefix", "partial", "instruct"]
 
 CONTINUE_INSTRUCTION = (
     "Your previous reply was cut off. Continue exactly where it stopped, from the next "
@@ -96,11 +101,14 @@ def language_of(partial: str) -> Literal["en", "zh"]:
     return "zh" if letters and han * 2 > len(letters) else "en"
 
 
-def instruction(partial: str, wording: int) -> str:
+def instruction(partial: str, wording: int, own: str | None = None) -> str:
     """The user turn that asks to continue, in wording ``wording`` (0: plain, 1: quoting the
-    partial answer's last words), in the partial answer's language (:func:`language_of`)."""
+    partial answer's last words), in the partial answer's language (:func:`language_of`);
+    ``own``: the caller's plain wording, used as it is."""
     chinese = language_of(partial) == "zh"
     if wording % 2 == 0:
+        if own:
+            return own
         return CONTINUE_INSTRUCTION_ZH if chinese else CONTINUE_INSTRUCTION
     tail = partial[-QUOTE_CHARS:]
     if chinese:
@@ -142,7 +150,7 @@ def choose(
     ``server_continues``: the server has shown it continues a final assistant message."""
     if provider == "anthropic" and body is not None and thinking_enabled(body):
         return "instruct"  # with thinking on, an assistant turn cannot be prefilled
-    if requested in ("prefill", "prefix", "instruct"):
+    if requested in ("prefill", "prefix", "partial", "instruct"):
         return requested  # type: ignore[return-value]
     if provider == "openai-responses":
         return "instruct"  # the Responses API always starts a new turn
@@ -152,6 +160,8 @@ def choose(
     # DeepSeek takes "prefix" on its beta endpoint only; Mistral on its main API.
     if ("deepseek" in host and "/beta" in host) or "mistral" in host:
         return "prefix"
+    if "moonshot" in host or "dashscope" in host:
+        return "partial"  # Kimi and Qwen continue a final assistant message marked partial
     if server_continues and provider == "openai":
         return "prefill"
     return "instruct"
@@ -165,6 +175,7 @@ def build_continuation(
     provider: str,
     thinking: Sequence[Mapping[str, Any]] = (),
     wording: int = 0,
+    own_instruction: str | None = None,
 ) -> Continuation:
     """The request that continues ``partial``, the answer so far to ``messages``.
 
@@ -181,13 +192,13 @@ def build_continuation(
             messages=[
                 *original,
                 {"role": "assistant", "content": content},
-                {"role": "user", "content": instruction(partial, wording)},
+                {"role": "user", "content": instruction(partial, wording, own_instruction)},
             ],
             strategy=strategy,
         )
-    if strategy == "prefix":
+    if strategy in ("prefix", "partial"):
         return Continuation(
-            messages=[*original, {"role": "assistant", "content": partial, "prefix": True}],
+            messages=[*original, {"role": "assistant", "content": partial, strategy: True}],
             strategy=strategy,
         )
     if provider == "anthropic":

@@ -32,8 +32,11 @@ class Route:
     weight: float = 1.0
     #: Streams this route may have in flight at once, shared by every stream of the client.
     max_in_flight: int | None = None
-    #: Continuation strategy: ``auto``, ``prefill``, ``prefix`` or ``instruct``.
-    continuation: Literal["auto", "prefill", "prefix", "instruct"] = "auto"
+    #: Continuation strategy: ``auto``, ``prefill``, ``prefix``, ``partial`` or ``instruct``.
+    continuation: Literal["auto", "prefill", "prefix", "partial", "instruct"] = "auto"
+    #: The words an instruct continuation asks this model to go on with (``None``: streamres's
+    #: own, in the answer's language); a call's ``continue_instruction`` wins.
+    continue_instruction: str | None = None
     #: Re-attach to a stream its server kept generating (llama.cpp's server) before any
     #: continuation: each Chat Completions request carries an ``X-Conversation-Id``.
     #: ``False``: none is sent, and a break is always continued.

@@ -280,6 +280,7 @@ class Client:
         priority: int | str = NORMAL,
         continue_from: str = "",
         hedge: bool | None = None,
+        continue_instruction: str | None = None,
         **more: Any,
     ) -> ResilientStream:
         """Stream one answer. ``model``: a route name (then its fallbacks, unless
@@ -342,6 +343,7 @@ class Client:
             read_limits=self._read_limits,
             priority=priority,
             continue_from=continue_from,
+            continue_instruction=continue_instruction,
         )
         limits = self._limits
         # Streams spread over the client's pools (see POOLS), or the caller's own client.

@@ -252,6 +252,7 @@ _ROUTE_KEYS = {
     "context_window",
     "thinks",
     "first_token_timeout",
+    "continue_instruction",
 }
 
 #: The tables of ``routes.toml`` and the keys of each (``routes`` is checked per route).

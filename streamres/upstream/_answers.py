@@ -5,8 +5,8 @@ an answer finished on a fallback model is still checkable character for characte
 request is recognised the way a real server would see it:
 
 * a trailing assistant message is a **prefill**. The server *continues* it exactly when it
-  supports prefill (Anthropic; an OpenAI-compatible server given
-  ``continue_final_message: true`` or ``"prefix": true``), *restarts* (starts a new turn, as
+  supports prefill (Anthropic; an OpenAI-compatible server given ``continue_final_message:
+  true``, ``"prefix": true`` or ``"partial": true``), *restarts* (starts a new turn, as
   llama-cpp-python and OpenAI do) or *rejects* it with a 400 (newer Claude models);
 * an assistant turn followed by the continue instruction is an **instruct** continuation. The
   model then backs up and repeats the end of what it had said (``overlap``), continues
@@ -578,7 +578,7 @@ def _plan_text(
                 )
             honoured = prefill == "continue"
         else:
-            asked = bool(last.get("prefix")) or (
+            asked = bool(last.get("prefix") or last.get("partial")) or (
                 body.get("continue_final_message") is True
                 and body.get("add_generation_prompt") is False
             )

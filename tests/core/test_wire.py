@@ -276,6 +276,16 @@ def test_continuation_shapes() -> None:
     assert vllm.extra_body == {"continue_final_message": True, "add_generation_prompt": False}
     prefix = build_continuation(MSGS, "partial", strategy="prefix", provider="openai")
     assert prefix.messages[-1] == {"role": "assistant", "content": "partial", "prefix": True}
+    kimi = build_continuation(MSGS, "partial", strategy="partial", provider="openai")
+    assert kimi.messages[-1] == {"role": "assistant", "content": "partial", "partial": True}
+    own = build_continuation(
+        MSGS, "partial", strategy="instruct", provider="openai", own_instruction="Go on."
+    )
+    assert own.messages[-1] == {"role": "user", "content": "Go on."}
+    quoting = build_continuation(
+        MSGS, "partial", strategy="instruct", provider="openai", own_instruction="Go on.", wording=1
+    )
+    assert "«partial»" in quoting.messages[-1]["content"]  # the quoting wording stays ours
     inst = build_continuation(MSGS, "partial", strategy="instruct", provider="openai")
     assert inst.messages[-2:] == [
         {"role": "assistant", "content": "partial"},
@@ -285,13 +295,17 @@ def test_continuation_shapes() -> None:
 
 
 def test_auto_strategy() -> None:
-    """auto: prefill for Anthropic, prefix for Mistral and DeepSeek's beta, instruct for the rest."""
+    """auto: prefill for Anthropic, prefix for Mistral and DeepSeek's beta, partial for Kimi
+    and DashScope, instruct for the rest."""
     assert choose("anthropic", "https://api.anthropic.com", "auto") == "prefill"
     assert choose("openai", "https://api.deepseek.com/beta", "auto") == "prefix"
     assert choose("openai", "https://api.deepseek.com", "auto") == "instruct"
     assert choose("openai", "https://api.mistral.ai/v1", "auto") == "prefix"
     assert choose("openai", "https://api.openai.com/v1", "auto") == "instruct"
     assert choose("openai", "http://vllm:8000/v1", "prefill") == "prefill"
+    assert choose("openai", "https://api.moonshot.cn/v1", "auto") == "partial"
+    dashscope = "https://dashscope.aliyuncs.com/compatible-mode/v1"
+    assert choose("openai", dashscope, "auto") == "partial"
 
 
 from hypothesis import given  # noqa: E402

@@ -85,3 +85,29 @@ async def test_a_continuation_that_only_runs_the_round_again_is_asked_without_to
     bodies = [r.body for r in up.requests]
     assert [b.get("tool_choice") for b in bodies] == [None, None, "none", "none"]
     assert all(len(b["tools"]) == len(TOOLS) for b in bodies)
+
+
+async def test_a_partial_continuation_and_the_callers_own_instruction() -> None:
+    """``continuation="partial"`` (Kimi, DashScope): the partial answer marked ``"partial":
+    true``, continued exactly. ``continue_instruction``: a route's own words, and a call's
+    over them, are what an instruct continuation asks with."""
+    question = [QUESTION]
+    async with Upstream(faults="reset@20") as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", continuation="partial")
+        async with streamres.Client([route]) as client:
+            _, _, done = await collect(client.stream(question, model="m"))
+        assert done.text == up.answer(question) and done.join == "prefill"
+        assert up.requests[1].body["messages"][-1]["partial"] is True
+    for call, said in ((None, "Keep going."), ("续写。", "续写。")):
+        async with Upstream(faults="reset@20", instruct="exact") as up:
+            route = streamres.Route(
+                "m",
+                base_url=up.openai_url,
+                api_key="k",
+                continuation="instruct",
+                continue_instruction="Keep going.",
+            )
+            async with streamres.Client([route]) as client:
+                stream = client.stream(question, model="m", continue_instruction=call)
+                _, _, done = await collect(stream)
+            assert up.requests[1].body["messages"][-1] == {"role": "user", "content": said}
