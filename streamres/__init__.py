@@ -39,6 +39,7 @@ from streamres._core.events import (
     Usage,
 )
 from streamres._core.semantic import Semantic
+from streamres._core.trickle import PaceFloor
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.metrics import Health, ModelMetrics
 from streamres._fleet.routes import Route
@@ -68,6 +69,7 @@ __all__ = [
     "InvalidRequest",
     "MissingExtra",
     "ModelMetrics",
+    "PaceFloor",
     "ReadLimits",
     "RequestRejected",
     "ResilientStream",

@@ -48,6 +48,10 @@ class Exchange:
     received: int = 0
 
 
+#: Text events an attempt must have streamed for its pace to be learnt from.
+PACE_EVENTS = 20
+
+
 class AttemptState:
     """The state of the attempt in progress."""
 
@@ -162,6 +166,14 @@ class AttemptState:
         calls, self.calls = self.calls, ()
         return calls
 
+    def pace(self, now: float) -> float | None:
+        """Text events a second from the first to ``now``, for an attempt that streamed long
+        enough to say (``PACE_EVENTS`` events, half a second)."""
+        first = self.first_content
+        if first is None or self.pieces < PACE_EVENTS or now - first < 0.5:
+            return None
+        return self.pieces / (now - first)
+
     def end(self, fail: Failure | None, now: float) -> None:
         self.fail, self.ended_at = fail, now
 
@@ -235,7 +247,9 @@ class AttemptState:
         ttft = self.ttft()
         if fail is None:
             latency = now - self.sent_at
-            moved = fleet.succeeded(index, now, ttft=ttft, latency=latency, asked=self.asked)
+            moved = fleet.succeeded(
+                index, now, ttft=ttft, latency=latency, asked=self.asked, pace=self.pace(now)
+            )
         else:
             moved = fleet.failed(
                 index, now, fail.kind, ttft=ttft, retry_after=fail.retry_after, asked=self.asked

@@ -72,6 +72,7 @@ from streamres._core.policy import (
 from streamres._core.redact import Redactor, redact_url
 from streamres._core.stall import StallTimer, first_output_limit, request_kind
 from streamres._core.tokens import Counter
+from streamres._core.trickle import PaceWatch, learnt_pace
 from streamres._fleet.routes import Route
 from streamres._providers.wire import HttpRequest
 
@@ -507,6 +508,7 @@ class Answer:
         exchange = request.exchange(opts, route, req, prepared.dedup, replay)
         attempt.asked = request_kind(opts.extra_body, route.model, route.thinks)
         self.stall.first = self._first_output(attempt)
+        self.reader.pace = self._pace_watch(attempt)
         self.stall.start(now)
         ledger = self.delivery.ledger
         attempt.send(
@@ -794,6 +796,15 @@ class Answer:
         quick = opts.quick_first_token_timeout
         use_quick = attempt.asked == "quick" and own is None
         return first_output_limit(samples, ceiling, quick=quick if use_quick else None)
+
+    def _pace_watch(self, attempt: AttemptState) -> PaceWatch | None:
+        """The attempt's pace floor, when the answer has one and a model to move on to: a
+        share of the model's learnt pace and an absolute floor, the higher."""
+        floors = self.opts.pace_floor
+        if floors is None or not self.chain.has_fallback:
+            return None
+        floor = floors.floor(learnt_pace(self.fleet.pace_samples(attempt.index)))
+        return PaceWatch(floor, floors.window) if floor is not None else None
 
     def _header_wait(self, route: Route) -> float:
         """How long this attempt waits for response headers: with another model to go to,

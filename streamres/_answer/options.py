@@ -18,6 +18,7 @@ from streamres._core.errors import InvalidRequest
 from streamres._core.lanes import NORMAL, check_priority
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST
+from streamres._core.trickle import PaceFloor
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
@@ -78,6 +79,8 @@ class Options:
     #: The caller's words asking an instruct continuation to go on (``None``: the route's,
     #: else streamres's own in the answer's language).
     continue_instruction: str | None = None
+    #: How slow a stream that still produces may be before the answer moves on (opt-in).
+    pace_floor: PaceFloor | None = None
     #: Text the caller already has (``continue_from``): the answer starts as though it had
     #: been delivered, and its first request asks for the rest.
     continue_from: str = ""
@@ -152,6 +155,7 @@ KNOWN_ARGUMENTS = (
     "first_token_timeout",
     "quick_first_token_timeout",
     "continue_instruction",
+    "pace_floor",
     "header_timeout",
     "max_tokens",
     "client",
@@ -233,6 +237,7 @@ def check_options(
     continue_from: Any = "",
     quick_first_token_timeout: Any = QUICK_FIRST,
     continue_instruction: Any = None,
+    pace_floor: Any = None,
 ) -> Options:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise _bad("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -262,6 +267,8 @@ def check_options(
         raise _bad(f"backoff must be a streamres.Backoff(...), not {backoff!r:.60}")
     if rng is not None and not isinstance(rng, random.Random):
         raise _bad(f"rng must be a random.Random, not {rng!r:.60}")
+    if pace_floor is not None and not isinstance(pace_floor, PaceFloor):
+        raise _bad(f"pace_floor must be a streamres.PaceFloor(...), not {pace_floor!r:.60}")
     if read_limits is not None and not isinstance(read_limits, ReadLimits):
         raise _bad(f"read_limits must be a streamres.ReadLimits(...), not {read_limits!r:.60}")
     if not isinstance(continue_from, str):
@@ -303,6 +310,7 @@ def check_options(
             _seconds("quick_first_token_timeout", quick_first_token_timeout) or QUICK_FIRST
         ),
         continue_instruction=_instruction(continue_instruction),
+        pace_floor=pace_floor,
     )
 
 

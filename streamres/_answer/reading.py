@@ -31,6 +31,7 @@ from streamres._core.policy import this_side_busy
 from streamres._core.redact import redact_url
 from streamres._core.sse import SSEDecoder
 from streamres._core.stall import StallTimer
+from streamres._core.trickle import PaceWatch
 from streamres._providers.tools import calls_already_run, is_call_already_run
 from streamres._providers.wire import DECODE_ERRORS, StreamDecoder
 
@@ -60,6 +61,8 @@ class Reader:
     #: The calls the conversation already ran since the user's last words (read once, for
     #: the first continuation that calls a tool).
     _ran: frozenset[tuple[str, str]] | None = field(default=None, init=False)
+    #: The attempt's pace against its floor (``trickle``), when the answer has one.
+    pace: PaceWatch | None = field(default=None, init=False)
 
     def deliver(self, text: str, out: list[Event]) -> None:
         """What of ``text`` fits the answer's bounds is delivered (``out``: the caller's
@@ -137,6 +140,7 @@ class Reader:
                     return Ended(self.seam.missed(attempt.route, self.memory))
             if text:
                 self.deliver(text, out)
+        slow = self.pace.output(now, len(pieces)) if pieces and self.pace is not None else None
         if attempt.calls:
             calls = attempt.take_calls()
             if dedup is not None:  # a continuation
@@ -149,6 +153,13 @@ class Reader:
             return Ended(fail)
         if self.delivery.cut:
             return self._cut_off(attempt)
+        if slow is not None and self.pace is not None:
+            attempt.ending(complete=False)
+            why = (
+                f"the stream slowed to {slow:.2g} tokens/s, below its floor of "
+                f"{self.pace.floor:.2g} (over {self.pace.window:g} s)"
+            )
+            return Ended(failure("slow", why))
         return None
 
     def _not_run_before(

@@ -29,6 +29,8 @@ deadline           the overall deadline ran out (not the model's fault)        n
 replay_unavailable a background response cannot be re-attached to             yes, continue
 client_busy        a connect timed out while this process's event loop ran    yes, not the
                    late: the client was too busy to see the server answer     server's fault
+slow               the stream kept producing below its pace floor (opt-in:    on the next
+                   ``PaceFloor``)                                             model
 =================  ==========================================================  ===========
 """
 
@@ -68,6 +70,7 @@ FailureKind = Literal[
     "ended_at_seam",
     "client_busy",
     "quota",
+    "slow",
 ]
 
 

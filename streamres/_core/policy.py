@@ -27,7 +27,8 @@ The rules, in order:
    model is at capacity ("Selected model is at capacity": no point waiting on it), when its
    server sent no response headers within the header bound (``no_headers``: a server that
    accepts and stays silent is not asked again before the next model is), or no first
-   output within the limit learnt from its own history (``first_output``), when its
+   output within the limit learnt from its own history (``first_output``), when it streams
+   below its pace floor (``slow``, opt-in), when its
    Retry-After is longer than the time left, or after ``fallback_after`` consecutive failures;
    a model that has not failed yet is tried at once, one that has failed waits its backoff;
 7. otherwise wait the backoff (never less than Retry-After) and retry the same model;
@@ -204,6 +205,7 @@ def decide(
     n_models = len(failures)
     if n_models > 1 and (
         failure.switch_model
+        or failure.kind == "slow"
         or failure.error_type in ("no_headers", "first_output")
         or (hint is not None and hint >= time_left)
         or failures[model_index] >= fallback_after

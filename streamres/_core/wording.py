@@ -30,6 +30,7 @@ _REASONS = {
     "ended_at_seam": "The model did not continue the answer",
     "client_busy": "This computer was too busy to hear the server in time",
     "quota": "The account is out of credit",
+    "slow": "The stream slowed to a trickle",
 }
 
 

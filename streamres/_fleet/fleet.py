@@ -41,7 +41,16 @@ MAX_COOLDOWN = 300.0
 
 #: Failure kinds that count against a model's health (breaker, weight).
 HEALTH_KINDS = frozenset(
-    {"capacity", "rate_limit", "transient", "connection", "stall", "truncated", "malformed"}
+    {
+        "capacity",
+        "rate_limit",
+        "transient",
+        "connection",
+        "stall",
+        "truncated",
+        "malformed",
+        "slow",
+    }
 )
 
 
@@ -134,6 +143,10 @@ class Fleet:
         #: at each sync): a model's first-output limit learns from the whole fleet.
         self.peer_ttft: dict[tuple[str, str], tuple[float, ...]] = {}
 
+    def pace_samples(self, i: int) -> list[float]:
+        """Route ``i``'s pace (text events a second) in its last successful answers."""
+        return list(self.states[i].stats.pace)
+
     def ttft_samples(self, i: int, kind: str = "quick") -> list[float]:
         """Route ``i``'s recent times to first token for requests of ``kind``
         (``stall.request_kind``): this process's, then the fleet's."""
@@ -206,12 +219,20 @@ class Fleet:
         stats.resumes += resume
 
     def succeeded(
-        self, i: int, now: float, *, ttft: float | None, latency: float, asked: str = "quick"
+        self,
+        i: int,
+        now: float,
+        *,
+        ttft: float | None,
+        latency: float,
+        asked: str = "quick",
+        pace: float | None = None,
     ) -> BreakerState | None:
-        """Route ``i``'s attempt succeeded (``asked``: the kind of request it was)."""
+        """Route ``i``'s attempt succeeded (``asked``: the kind of request it was; ``pace``:
+        its text events a second, once it streamed)."""
         s = self.states[i]
         before = s.breaker.state
-        s.stats.succeeded(ttft=ttft, latency=latency, kind=asked)
+        s.stats.succeeded(ttft=ttft, latency=latency, kind=asked, pace=pace)
         s.trend.record(now, ok=True, capacity=False, ttft=ttft)
         self._steer(s, now)
         if s.weight.current < s.weight.base:

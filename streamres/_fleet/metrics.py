@@ -108,6 +108,8 @@ class RouteStats:
         default_factory=lambda: {k: deque(maxlen=_LEARNT) for k in ("quick", "reasoning")}
     )
     latency: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    #: Text events a second of its last successful answers (``trickle``: its learnt pace).
+    pace: deque[float] = field(default_factory=lambda: deque(maxlen=_LEARNT))
     #: (succeeded, capacity error, latency or None) of the last requests.
     recent: deque[tuple[bool, bool, float | None]] = field(
         default_factory=lambda: deque(maxlen=_RECENT)
@@ -122,10 +124,14 @@ class RouteStats:
             self.ttft.append(ttft)
             self.learnt[kind].append(ttft)
 
-    def succeeded(self, *, ttft: float | None, latency: float, kind: str = "quick") -> None:
+    def succeeded(
+        self, *, ttft: float | None, latency: float, kind: str = "quick", pace: float | None = None
+    ) -> None:
         self.in_flight -= 1
         self.successes += 1
         self._first(ttft, kind)
+        if pace is not None:
+            self.pace.append(pace)
         self.latency.append(latency)
         self.recent.append((True, False, latency))
 

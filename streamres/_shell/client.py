@@ -34,6 +34,7 @@ from streamres._core.stall import (
     first_output_limit,
     request_kind,
 )
+from streamres._core.trickle import PaceFloor
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.metrics import Health, ModelMetrics
@@ -101,6 +102,7 @@ class Client:
         first_token_timeout: float = FIRST_OUTPUT,
         header_timeout: float = HEADERS,
         quick_first_token_timeout: float = QUICK_FIRST,
+        pace_floor: PaceFloor | None = None,
         backoff: Backoff | None = None,
         fallback_after: int = 2,
         rng: random.Random | None = None,
@@ -143,6 +145,7 @@ class Client:
             first_token_timeout=first_token_timeout,
             header_timeout=header_timeout,
             quick_first_token_timeout=quick_first_token_timeout,
+            pace_floor=pace_floor,
             max_tokens=None,
             max_attempts=None,
             backoff=backoff,
@@ -163,6 +166,7 @@ class Client:
         self._first_token_timeout = first_token_timeout
         self._header_timeout = header_timeout
         self._quick_first_token_timeout = quick_first_token_timeout
+        self._pace_floor = pace_floor
         self._backoff = backoff
         self._fallback_after = fallback_after
         self._rng = rng or random.Random()
@@ -281,6 +285,7 @@ class Client:
         continue_from: str = "",
         hedge: bool | None = None,
         continue_instruction: str | None = None,
+        pace_floor: PaceFloor | None = None,
         **more: Any,
     ) -> ResilientStream:
         """Stream one answer. ``model``: a route name (then its fallbacks, unless
@@ -344,6 +349,7 @@ class Client:
             priority=priority,
             continue_from=continue_from,
             continue_instruction=continue_instruction,
+            pace_floor=self._pace_floor if pace_floor is None else pace_floor,
         )
         limits = self._limits
         # Streams spread over the client's pools (see POOLS), or the caller's own client.

@@ -54,6 +54,7 @@ from streamres._core.policy import connect_allowance
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST
 from streamres._core.tokens import Counter, counter_for
+from streamres._core.trickle import PaceFloor
 from streamres._fleet.fleet import Fleet
 from streamres._providers.wire import HttpRequest
 from streamres._shell.connects import Connects, Turn
@@ -160,6 +161,7 @@ def stream_resilient(
     continuation: Literal["auto", "prefill", "prefix", "partial", "instruct"] = "auto",
     continue_instruction: str | None = None,
     replay: bool = True,
+    pace_floor: PaceFloor | None = None,
     max_attempts: int | None = None,
     backoff: Backoff | None = None,
     fallback_after: int = 2,
@@ -182,8 +184,10 @@ def stream_resilient(
     text of this answer the caller already has (an answer log's, after its process or
     connection went): the model is asked for the rest, joined and de-duplicated as any resume;
     the events carry only what is new, and the done event's text is the whole answer.
-    ``replay=False``: never re-attach to a stream the server kept generating (llama.cpp's
-    server); each request carries no ``X-Conversation-Id``, and a break is continued.
+    ``pace_floor``: move on from a stream that still produces but far below its model's pace
+    (opt-in, with a fallback model; see :class:`PaceFloor`). ``replay=False``: never re-attach
+    to a stream the server kept generating (llama.cpp's server); each request carries no
+    ``X-Conversation-Id``, and a break is continued.
 
     >>> async def main():
     ...     async with stream_resilient(
@@ -213,6 +217,7 @@ def stream_resilient(
         first_token_timeout=first_token_timeout,
         quick_first_token_timeout=quick_first_token_timeout,
         continue_instruction=continue_instruction,
+        pace_floor=pace_floor,
         header_timeout=header_timeout,
         max_tokens=max_tokens,
         max_attempts=max_attempts,

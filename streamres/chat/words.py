@@ -27,6 +27,7 @@ REASONS = {
         "context_length": "Too long for the model's context window",
         "client_busy": "This computer was too busy to hear the server in time",
         "quota": "The account is out of credit",
+        "slow": "The stream slowed to a trickle",
         "hedge": "Slow to start",
     },
     "zh": {
@@ -45,6 +46,7 @@ REASONS = {
         "context_length": "对话超出了模型的上下文长度",
         "client_busy": "本机太忙，没能及时收到服务器的回应",
         "quota": "账户余额不足",
+        "slow": "输出慢得几乎停顿",
         "hedge": "启动缓慢",
     },
 }

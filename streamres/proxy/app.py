@@ -709,7 +709,7 @@ def _status_of(exc: streamres.StreamError) -> tuple[int, float | None]:
 
 #: Failures that are the upstream misbehaving rather than full: a 502 when they end an answer.
 _UPSTREAM_FAULTS = frozenset(
-    {"transient", "connection", "stall", "truncated", "malformed", "ended_at_seam"}
+    {"transient", "connection", "stall", "truncated", "malformed", "ended_at_seam", "slow"}
 )
 
 

@@ -7,6 +7,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     stall_timeout = 0         # 0: adaptive (follows each stream's pace)
     first_token_timeout = 60  # seconds for an attempt's first output (a model thinking)
     quick_first_token_timeout = 10  # …for a request asking no reasoning, on a model not yet learnt
+    pace_floor = { relative = 0.25, window = 10 }  # opt-in: move on from a stream this slow
     header_timeout = 10       # seconds for response headers, when there is a model to fall back to
     hedge = false             # true: a model slow to start for its history races its fallback
     breaker_threshold = 3
@@ -195,6 +196,8 @@ class Config:
     #: Seconds for a quick request's first output on a model with no history yet, when a
     #: chain has another model to go to (``[policy] quick_first_token_timeout``).
     quick_first_token_timeout: float = QUICK_FIRST
+    #: A floor on a producing stream's pace (``[policy] pace_floor = {relative = 0.25}``).
+    pace_floor: streamres.PaceFloor | None = None
     #: A hedged first token (``[policy] hedge``, ``Client(hedge=...)``).
     hedge: bool = False
     breaker_threshold: int = 3
@@ -229,6 +232,7 @@ class Config:
             "first_token_timeout": self.first_token_timeout,
             "header_timeout": self.header_timeout,
             "quick_first_token_timeout": self.quick_first_token_timeout,
+            "pace_floor": self.pace_floor,
             "hedge": self.hedge,
             "breaker_threshold": self.breaker_threshold,
             "breaker_recovery": self.breaker_recovery,
@@ -273,6 +277,7 @@ _POLICY_KEYS = (
     "first_token_timeout",
     "header_timeout",
     "quick_first_token_timeout",
+    "pace_floor",
     "hedge",
     "breaker_threshold",
     "breaker_recovery",
@@ -280,6 +285,21 @@ _POLICY_KEYS = (
 )
 _CLIENT_KEYS = ("name", "key_env", "max_in_flight", "requests_per_minute", "priority")
 _OPERATOR_KEYS = ("key_env", "public_health")
+
+
+def _pace_floor(raw: Any) -> streamres.PaceFloor | None:
+    """``[policy] pace_floor``: an inline table of ``streamres.PaceFloor``'s fields."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"[policy]: pace_floor is a table like {{relative = 0.25, window = 10}}, not {raw!r}"
+        )
+    _known("[policy] pace_floor: ", raw, ("relative", "absolute", "window"))
+    try:
+        return streamres.PaceFloor(**raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[policy]: {exc}") from None
 
 
 def _positive(key: str, policy: Mapping[str, Any], default: float) -> float:
@@ -451,6 +471,7 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         first_token_timeout=_positive("first_token_timeout", policy, FIRST_OUTPUT),
         header_timeout=_positive("header_timeout", policy, HEADERS),
         quick_first_token_timeout=_positive("quick_first_token_timeout", policy, QUICK_FIRST),
+        pace_floor=_pace_floor(policy.get("pace_floor")),
         hedge=hedge,
         breaker_threshold=int(policy.get("breaker_threshold", 3)),
         breaker_recovery=float(policy.get("breaker_recovery", 60.0)),
