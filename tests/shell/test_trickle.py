@@ -20,9 +20,11 @@ async def test_a_trickle_below_the_absolute_floor_moves_on() -> None:
     """Five tokens a second against a floor of twenty, judged over a second: the answer goes
     on on the next model, exact, and says why."""
     floor = streamres.PaceFloor(relative=None, absolute=20.0, window=1.0)
-    async with Upstream(models={"slow": ModelSpec(token_delay=0.2)}) as up:
-        async with streamres.Client(_routes(up), pace_floor=floor) as client:
-            _, events, done = await collect(client.stream(USER, model="slow"))
+    async with (
+        Upstream(models={"slow": ModelSpec(token_delay=0.2)}) as up,
+        streamres.Client(_routes(up), pace_floor=floor) as client,
+    ):
+        _, events, done = await collect(client.stream(USER, model="slow"))
     assert done.text == up.answer(USER) and done.model == "fast"
     moved = [e for e in events if e.type in ("resume", "fallback")]
     assert moved and all(getattr(e, "reason", "slow") == "slow" for e in moved)
@@ -46,9 +48,11 @@ async def test_a_model_slower_than_its_own_pace_moves_on() -> None:
 
 async def test_without_a_floor_a_trickle_is_waited_on() -> None:
     """Opt-in: the default waits on a stream that produces, however slowly."""
-    async with Upstream(models={"slow": ModelSpec(token_delay=0.02)}, words=30) as up:
-        async with streamres.Client(_routes(up)) as client:
-            _, _, done = await collect(client.stream(USER, model="slow"))
+    async with (
+        Upstream(models={"slow": ModelSpec(token_delay=0.02)}, words=30) as up,
+        streamres.Client(_routes(up)) as client,
+    ):
+        _, _, done = await collect(client.stream(USER, model="slow"))
     assert done.model == "slow" and done.attempts == 1
 
 
