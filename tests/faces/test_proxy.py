@@ -771,3 +771,50 @@ async def test_a_proxy_left_by_an_error_closes_its_listening_socket(server: str)
         warnings.simplefilter("always")
         gc.collect()
     assert not [w for w in seen if issubclass(w.category, ResourceWarning)]
+
+
+def _two_models(up: Upstream, policy: dict[str, Any] | None = None) -> Config:
+    """A proxy config for the embedded upstream's "slow" then "fast", asked for as "chat"."""
+    routes = [{"model": m, "base_url": up.openai_url} for m in ("slow", "fast")]
+    raw = {"routes": routes, "models": {"chat": ["slow", "fast"]}, "policy": policy or {}}
+    return parse(raw, {})
+
+
+async def _ask_chat(run: Any, **kw: Any) -> tuple[str, str]:
+    """(the text, the model that wrote it) through the OpenAI SDK."""
+    sdk = oai(base_url=run.url + "/v1", api_key="k")
+    stream = await sdk.chat.completions.create(model="chat", messages=Q, stream=True, **kw)
+    text, model = "", ""
+    async for chunk in stream:
+        model = chunk.model or model
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+    return text, model
+
+
+async def test_a_20_s_first_token_goes_to_the_fallback_through_the_proxy() -> None:
+    """A model that takes 20 s to start, asked a quick question through the proxy: the
+    fallback's answer after the quick bound (10 s), whole."""
+    slow = ModelSpec(faults=FaultPlan("slow@0*3"))
+    async with (
+        Upstream(models={"slow": slow}, stall_seconds=20) as up,
+        running(_two_models(up), port=0) as run,
+    ):
+        text, model = await _ask_chat(run)
+    assert text == up.answer(Q) and model == "fast"
+
+
+async def test_a_reasoning_request_waits_and_a_trickle_moves_on_through_the_proxy() -> None:
+    """The proxy's policy carries the bounds: a reasoning request waits for the slow model's
+    first token; with a pace floor, a trickling model is left for the next."""
+    slow = ModelSpec(faults=FaultPlan("slow@0*3"))
+    async with Upstream(models={"slow": slow}, stall_seconds=3) as up:
+        config = _two_models(up, {"quick_first_token_timeout": 1})
+        async with running(config, port=0) as run:
+            text, model = await _ask_chat(run, reasoning_effort="high")
+    assert text == up.answer(Q) and model == "slow"
+    async with Upstream(models={"slow": ModelSpec(token_delay=0.2)}) as up:
+        floor = {"pace_floor": {"absolute": 20, "window": 1}}
+        async with running(_two_models(up, floor), port=0) as run:
+            text, model = await _ask_chat(run)
+    assert text == up.answer(Q) and model == "fast"
