@@ -56,3 +56,19 @@ async def test_a_route_marked_as_a_thinker_waits_too() -> None:
         async with streamres.Client(routes, quick_first_token_timeout=1.0) as client:
             _, _, done = await collect(client.stream(USER, model="slow"))
     assert done.model == "slow" and done.attempts == 1
+
+
+def test_the_fleets_times_to_first_token_are_read_by_kind() -> None:
+    """Through shared state each process exports its times by kind; a process that exports
+    none (an older one) is read as quick requests."""
+    from streamres._fleet.metrics import RouteStats, export
+    from streamres._shell.shared.metrics import _ttft_of
+
+    stats = RouteStats()
+    stats.started()
+    stats.succeeded(ttft=0.4, latency=1.0, kind="quick")
+    stats.started()
+    stats.succeeded(ttft=20.0, latency=40.0, kind="reasoning")
+    older = {"m": {"ttft": [0.7]}}
+    got = _ttft_of([{"m": export(stats)}, older])
+    assert got == {("m", "quick"): (0.4, 0.7), ("m", "reasoning"): (20.0,)}
