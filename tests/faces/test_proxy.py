@@ -818,3 +818,20 @@ async def test_a_reasoning_request_waits_and_a_trickle_moves_on_through_the_prox
         async with running(_two_models(up, floor), port=0) as run:
             text, model = await _ask_chat(run)
     assert text == up.answer(Q) and model == "fast"
+
+
+async def test_an_account_out_of_credit_goes_to_another_account_through_the_proxy() -> None:
+    """``insufficient_quota`` on the first route's key: the answer comes from the route on the
+    other key, the spent account asked once."""
+    spent = ModelSpec(faults=FaultPlan("429:type=insufficient_quota*9"))
+    async with Upstream(models={"slow": spent}) as up:
+        routes = [
+            {"model": "slow", "base_url": up.openai_url, "api_key_env": "SPENT"},
+            {"model": "fast", "base_url": up.openai_url, "api_key_env": "OTHER"},
+        ]
+        raw = {"routes": routes, "models": {"chat": ["slow", "fast"]}}
+        config = parse(raw, {"SPENT": "k-spent", "OTHER": "k-other"})
+        async with running(config, port=0) as run:
+            text, model = await _ask_chat(run)
+    assert text == up.answer(Q) and model == "fast"
+    assert [r.model for r in up.requests] == ["slow", "fast"]
