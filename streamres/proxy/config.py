@@ -287,6 +287,27 @@ _CLIENT_KEYS = ("name", "key_env", "max_in_flight", "requests_per_minute", "prio
 _OPERATOR_KEYS = ("key_env", "public_health")
 
 
+def _one_name_each(clients: list[ClientKey]) -> None:
+    """A client's name is its tenancy (its answers, cache scope and quotas): two keys under one
+    name would read and stop each other's answers, and one key twice would be two tenants."""
+    seen: dict[str, int] = {}
+    for i, client in enumerate(clients):
+        if client.name in seen:
+            raise ConfigError(
+                f"clients[{seen[client.name]}] and clients[{i}] are both named {client.name!r} "
+                "(an unnamed client is client<i>): give each key its own name"
+            )
+        seen[client.name] = i
+    keys: dict[str, int] = {}
+    for i, client in enumerate(clients):
+        if client.key in keys:
+            raise ConfigError(
+                f"clients[{keys[client.key]}] and clients[{i}] have the same key: "
+                "one key is one client"
+            )
+        keys[client.key] = i
+
+
 def _pace_floor(raw: Any) -> streamres.PaceFloor | None:
     """``[policy] pace_floor``: an inline table of ``streamres.PaceFloor``'s fields."""
     if raw is None:
@@ -408,6 +429,7 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
                 priority=priority,
             )
         )
+    _one_name_each(clients)
     accounts = raw.get("accounts") or {}
     if not isinstance(accounts, Mapping) or not all(
         isinstance(v, int) and v >= 1 for v in accounts.values()

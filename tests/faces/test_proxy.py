@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -835,3 +836,31 @@ async def test_an_account_out_of_credit_goes_to_another_account_through_the_prox
             text, model = await _ask_chat(run)
     assert text == up.answer(Q) and model == "fast"
     assert [r.model for r in up.requests] == ["slow", "fast"]
+
+
+@pytest.mark.parametrize(
+    ("clients", "said"),
+    [
+        (
+            [{"name": "ui", "key_env": "A"}, {"name": "ui", "key_env": "B"}],
+            "clients[0] and clients[1] are both named 'ui'",
+        ),
+        (
+            [{"key_env": "A"}, {"name": "client0", "key_env": "B"}],
+            "both named 'client0'",
+        ),
+        (
+            [{"name": "ui", "key_env": "A"}, {"name": "batch", "key_env": "A"}],
+            "clients[0] and clients[1] have the same key",
+        ),
+    ],
+)
+async def test_two_keys_under_one_name_or_one_key_twice_is_refused(
+    clients: list[dict[str, Any]], said: str
+) -> None:
+    """A client's name is its tenancy: two keys under one name would read and stop each
+    other's answers. Refused at load, in one line naming them (and never the key)."""
+    raw = {"routes": [{"model": "m", "base_url": "http://127.0.0.1:9/v1"}], "clients": clients}
+    with pytest.raises(ConfigError, match=re.escape(said)) as got:
+        parse(raw, {"A": "sk-secret-a", "B": "sk-secret-b"})
+    assert "sk-secret" not in str(got.value)
