@@ -290,22 +290,18 @@ _OPERATOR_KEYS = ("key_env", "public_health")
 def _one_name_each(clients: list[ClientKey]) -> None:
     """A client's name is its tenancy (its answers, cache scope and quotas): two keys under one
     name would read and stop each other's answers, and one key twice would be two tenants."""
-    seen: dict[str, int] = {}
-    for i, client in enumerate(clients):
-        if client.name in seen:
-            raise ConfigError(
-                f"clients[{seen[client.name]}] and clients[{i}] are both named {client.name!r} "
-                "(an unnamed client is client<i>): give each key its own name"
-            )
-        seen[client.name] = i
-    keys: dict[str, int] = {}
-    for i, client in enumerate(clients):
-        if client.key in keys:
-            raise ConfigError(
-                f"clients[{keys[client.key]}] and clients[{i}] have the same key: "
-                "one key is one client"
-            )
-        keys[client.key] = i
+    for what, said in (
+        ("name", "are both named {!r} (an unnamed client is client<i>): give each its own name"),
+        ("key", "have the same key: one key is one client"),
+    ):
+        seen: dict[str, int] = {}
+        for i, client in enumerate(clients):
+            value = getattr(client, what)
+            if value in seen:
+                # The key itself is never said: only which clients share it.
+                shown = said.format(value) if what == "name" else said
+                raise ConfigError(f"clients[{seen[value]}] and clients[{i}] {shown}")
+            seen[value] = i
 
 
 def _pace_floor(raw: Any) -> streamres.PaceFloor | None:
