@@ -120,11 +120,12 @@ class Reattach:
         session = Session(index, exchange.conversation)
         again = self.known if replayed else None
         self.known = None
-        if fail is None:
-            return  # whole: the session ends by itself
+        if fail is None or fail.connect:
+            return  # whole: the session ends by itself; never connected: there is none
         stalled = fail.kind == "stall"
         readable = (
             fail.kind in _BREAKS
+            and exchange.status == 200  # the stream had begun
             and not eof  # the decoders closed the body: its last event is gone
             and exchange.inflater.identity  # byte offsets are the server's
             and not (stalled and again is not None and again.stalled)
