@@ -30,6 +30,7 @@ PUBLIC = {
     "ResumeEvent",
     "RetryBudget",
     "RetryEvent",
+    "PaceFloor",
     "ReadLimits",
     "Route",
     "Semantic",
