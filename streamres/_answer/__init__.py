@@ -7,6 +7,7 @@ models in order and each one's record), ``attempt`` (the attempt in progress and
 ``delivery`` (what reached the caller, and its books), ``seam`` (a continuation that did not
 continue), ``reattach`` (a response the server kept generating), ``memory`` (what the process
 learnt of servers), ``counting`` (the token encodings), ``reading`` (a response's reads),
-``request`` (the next request), ``choice`` (which model), ``telling`` (what the caller is told);
+``request`` (the next request), ``choice`` (which model), ``waits`` (how long an attempt
+waits, and how slow it may go), ``telling`` (what the caller is told);
 ``options`` is one answer's checked arguments.
 """

@@ -57,8 +57,6 @@ class Delivery:
         self.cut: Literal["", "characters", "max_tokens"] = ""
         self.thinking: list[str] = []
         self.tool_calls: tuple[ToolCall, ...] = ()
-        #: A continuation's calls were dropped as repeats of calls the conversation ran.
-        self.repeats_dropped = False
         #: Complete signed thinking blocks of the answer so far (sent back on resume).
         self.signed_thinking: list[dict[str, Any]] = []
         # -- the ledger --
@@ -130,14 +128,14 @@ class Delivery:
         """The model's whole tool calls, the answer's."""
         self.tool_calls = calls
 
-    def finish(self, decoder: StreamDecoder) -> str:
+    def finish(self, decoder: StreamDecoder, *, repeats_dropped: bool) -> str:
         """Why the answer ended, as the last attempt's server said — ``length`` at a bound;
         a turn that ended for tool calls that were all a continuation's repeats of calls
-        already run (none handed on) ends as ``stop``."""
+        already run (``repeats_dropped``, none handed on) ends as ``stop``."""
         if self.cut:
             return "length"
         finish = decoder.finish_reason or "stop"
-        repeats_only = self.repeats_dropped and not self.tool_calls
+        repeats_only = repeats_dropped and not self.tool_calls
         return "stop" if finish == "tool_calls" and repeats_only else finish
 
     def calls_too_long(self) -> None:

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from streamres._answer import choice, reading, request, telling
+from streamres._answer import choice, reading, request, telling, waits
 from streamres._answer.actions import (
     READ,
     Acquire,
@@ -70,9 +70,8 @@ from streamres._core.policy import (
     reinterpret,
 )
 from streamres._core.redact import Redactor, redact_url
-from streamres._core.stall import StallTimer, first_output_limit, request_kind
+from streamres._core.stall import StallTimer, request_kind
 from streamres._core.tokens import Counter
-from streamres._core.trickle import PaceWatch, learnt_pace
 from streamres._fleet.routes import Route
 from streamres._providers.wire import HttpRequest
 
@@ -507,8 +506,9 @@ class Answer:
         req = prepared.request
         exchange = request.exchange(opts, route, req, prepared.dedup, replay)
         attempt.asked = request_kind(opts.extra_body, route.model, route.thinks)
-        self.stall.first = self._first_output(attempt)
-        self.reader.pace = self._pace_watch(attempt)
+        fallback = self.chain.has_fallback
+        self.stall.first = waits.first_output(opts, self.fleet, attempt, fallback=fallback)
+        self.reader.pace = waits.pace_watch(opts, self.fleet, attempt, fallback=fallback)
         self.stall.start(now)
         ledger = self.delivery.ledger
         attempt.send(
@@ -529,7 +529,7 @@ class Answer:
         return Send(
             req,
             connect_timeout=connect_timeout(attempt.reached),
-            stall=self._header_wait(route),
+            stall=waits.header_wait(opts, route, self.stall.limit(), fallback=fallback),
             until=self.t_end,
             probe_route=route if self.fleet.probing(attempt.index) else None,
         )
@@ -610,9 +610,10 @@ class Answer:
         delivery.count_server_tokens(
             dedup, continues=self.memory.continues_at(attempt.route), pieces=attempt.pieces
         )
+        finish = delivery.finish(decoder, repeats_dropped=self.seam.no_tools)
         if fail is None and not delivery.cut:
             new = self.text[len(self.text) - added :] if added else ""
-            verdict = self.seam.judge(dedup, delivery.finish(decoder), new)
+            verdict = self.seam.judge(dedup, finish, new)
             if verdict == "ask_again":
                 fail = Seam.ended()
             elif verdict == "as_it_stands":
@@ -631,7 +632,7 @@ class Answer:
             self.chain.succeeded()
             refusal = "".join(decoder.refusal)
             self._closing = Closing(
-                "refusal" if refusal else delivery.finish(decoder),
+                "refusal" if refusal else finish,
                 refusal,
                 drain=attempt.lingering,
                 response_id=decoder.response_id or "",  # the response that finished it
@@ -779,41 +780,6 @@ class Answer:
         self.log.warning("streamres.failed", model=self.model, reason=last.kind if last else None)
         words = self.redactor.redact(message)
         return telling.error(cls, words, last, self.text, self.history, self.model, wait)
-
-    def _first_output(self, attempt: AttemptState) -> float:
-        """How long the attempt waits for its first output: the route's bound, else the
-        answer's ``first_token_timeout``; with a fallback at hand (unless a hedge covers this
-        model), the limit learnt from the model's own times to first token for requests of
-        this kind — and, before any is known, the quick bound for a request that asks for no
-        reasoning."""
-        opts, route = self.opts, attempt.route
-        own = route.first_token_timeout
-        ceiling = own if own is not None else opts.first_token_timeout
-        if not self.chain.has_fallback or (opts.hedged and attempt.index == opts.chain[0]):
-            return ceiling
-        # With shared state, the fleet's samples too.
-        samples = self.fleet.ttft_samples(attempt.index, attempt.asked)
-        quick = opts.quick_first_token_timeout
-        use_quick = attempt.asked == "quick" and own is None
-        return first_output_limit(samples, ceiling, quick=quick if use_quick else None)
-
-    def _pace_watch(self, attempt: AttemptState) -> PaceWatch | None:
-        """The attempt's pace floor, when the answer has one and a model to move on to: a
-        share of the model's learnt pace and an absolute floor, the higher."""
-        floors = self.opts.pace_floor
-        if floors is None or not self.chain.has_fallback:
-            return None
-        floor = floors.floor(learnt_pace(self.fleet.pace_samples(attempt.index)))
-        return PaceWatch(floor, floors.window) if floor is not None else None
-
-    def _header_wait(self, route: Route) -> float:
-        """How long this attempt waits for response headers: with another model to go to,
-        the route's (or the answer's) header bound — a server that accepts and sends nothing
-        is left for the next model then (policy rule 6); alone, the first-output wait."""
-        wait = self.stall.limit()
-        if self.chain.has_fallback:
-            wait = min(wait, route.header_timeout or self.opts.header_timeout)
-        return wait
 
     def _strategy(self) -> Strategy | Literal["replay"]:
         """How the next attempt resumes (for its resume event)."""

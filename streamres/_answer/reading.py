@@ -173,7 +173,6 @@ class Reader:
         kept = tuple(c for c in calls if not is_call_already_run(c.name, c.arguments, self._ran))
         if len(kept) < len(calls):
             self.seam.repeated_calls()
-            self.delivery.repeats_dropped = True
             self.log.info(
                 "streamres.tool_round_repeated",
                 model=attempt.route.key,
