@@ -357,12 +357,19 @@ class Proxy:
                 tg.cancel_scope.cancel()
 
     async def _read(
-        self, held: Held, after: int, receive: Receive, send: Send, served: list[Any]
+        self,
+        held: Held,
+        after: int,
+        receive: Receive,
+        send: Send,
+        served: list[Any],
+        at_end: int = 200,
     ) -> None:
         """Send ``held``'s events after number ``after``, then each new one, to its end: the
         response head with the first of them (so an answer that fails before any text is
-        still answered with a real status). The client going ends the reading, not the
-        answer (``held``)."""
+        still answered with a real status). A reader that already has the whole answer gets
+        a clean empty end, with status ``at_end`` (204 tells a browser's ``EventSource`` not
+        to come again). The client going ends the reading, not the answer (``held``)."""
         head = [(b"x-streamres-answer", held.id.encode())]
         answers = self.answers
         async with anyio.create_task_group() as tg:
@@ -378,6 +385,10 @@ class Proxy:
                         await send({"type": "http.response.body", "body": data, "more_body": True})
                     if served[2]:
                         await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    elif held.started and after >= 0:  # read to its end already
+                        served[2] = at_end
+                        kind = "text/event-stream" if at_end == 200 else "text/plain"
+                        await _respond(send, at_end, b"", kind, head)
                     else:  # it failed before any text
                         exc = held.log.error or streamres.StreamError("the answer failed")
                         status, retry = _status_of(exc)
@@ -417,6 +428,14 @@ class Proxy:
         held = self.answers.find(answer_id, owner) or await self.answers.find_shared(
             answer_id, owner
         )
+        shared = self.answers.shared
+        if held is None and shared is not None and shared.settling():
+            message = (
+                "this answer cannot be looked up now: shared state is away, or has just come "
+                "back and the proxies holding answers are writing them again — try again"
+            )
+            await _error(send, api, 503, message, 2.0)
+            return
         if held is None or (responses and held.call.api != "responses"):
             message = (
                 "no such answer here: it never was, it is another key's, or it ended over "
@@ -424,6 +443,7 @@ class Proxy:
             )
             await _error(send, api, 404, message, None, "answer_not_found")
             return
+        await self.answers.refresh(held)  # parked here: another process may have gone on
         if verb == "stop":
             await self.answers.stop(held)
             if responses:
@@ -454,7 +474,10 @@ class Proxy:
         except _Refused as exc:
             await _error(send, api, exc.status, exc.message, None)
             return
-        await self._read(held, after, receive, send, [scope["path"], held.call.model, 0])
+        served = [scope["path"], held.call.model, 0]
+        # A browser's EventSource sends Last-Event-ID, and comes again after a 200 that ends.
+        at_end = 204 if "last-event-id" in headers and not responses else 200
+        await self._read(held, after, receive, send, served, at_end)
 
     def _reader(self, headers: dict[str, str]) -> str | None:
         """Whose answers this request may read: its client key's name (``None`` without

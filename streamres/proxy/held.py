@@ -103,6 +103,14 @@ class Held:
     entry: str = "0"
     #: Library events in the answer's log in Redis: written (its producer), applied (a shadow).
     logged: int = 0
+    #: This process wrote the answer's end to Redis (it writes it again if Redis loses it).
+    written: bool = False
+    #: Another process took the answer on (this one stalled past its lease): this copy stops,
+    #: and its readers read on from ``successor``, a shadow of the shared log.
+    lost: bool = False
+    successor: Held | None = None
+    #: Copies whose readers read this one on (their readers count as this one's).
+    moved_from: list[Held] = field(default_factory=list)
     _scope: anyio.CancelScope | None = None
     _stopping: bool = False
     _lingers: int = 0
@@ -114,6 +122,15 @@ class Held:
     @property
     def producing(self) -> bool:
         return self._scope is not None
+
+    @property
+    def writes(self) -> bool:
+        """This process writes the answer to Redis (it produces it, or parked it)."""
+        return self.outbox is not None
+
+    def read_anywhere(self) -> bool:
+        """Someone reads it, here or through a copy that moved to it."""
+        return bool(self.readers or any(h.readers for h in self.moved_from))
 
     def deadline_left(self) -> float:
         return self.deadline_at - anyio.current_time()
@@ -281,6 +298,8 @@ class Answers:
         #: The answers' keys in Redis, when the client shares state (``--redis``).
         self.shared: SharedAnswers | None = None
         self._mismatch = False
+        #: Answers being looked up in Redis (one lookup each, however many readers ask).
+        self._finding: dict[str, anyio.Event] = {}
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -294,6 +313,8 @@ class Answers:
             async with anyio.create_task_group() as tg:
                 self.tasks = tg
                 tg.start_soon(self._sweep)
+                if self.shared is not None:
+                    tg.start_soon(self._after_losses)
                 try:
                     yield
                 finally:
@@ -346,8 +367,13 @@ class Answers:
         it has)."""
         if held.log.ended:
             return
-        if held.shadow and self.shared is not None:  # another process produces it
-            await self.shared.ask_stop(held.id)
+        shared = self.shared
+        if shared is not None and (held.shadow or (held.parked and held.writes)):
+            # Written where every process reads it: whoever produces the answer, or would
+            # take it on, ends it instead — a stopped answer is never continued.
+            await shared.ask_stop(held.id)
+            if held.parked and held.writes:
+                await self._take_on(held)  # ends it here, unless another process has it
             with anyio.move_on_after(5.0):
                 while not held.log.ended:
                     await held.log.changed(len(held.log.events))
@@ -388,7 +414,10 @@ class Answers:
         data, i = held.after(after)
         while True:
             if data:
+                after = held.blocks[i - 1][0]
                 yield data
+            elif held.successor is not None:  # produced elsewhere now: read on from its log
+                held, i = held.successor, 0
             elif held.log.ended and i >= len(held.blocks) and held.visible() == len(held.blocks):
                 return
             else:
@@ -446,6 +475,8 @@ class Answers:
                 held.fail(streamres.StreamError(f"the proxy failed: {type(exc).__name__}"))
             finally:
                 held._scope = None
+        if held.lost:  # another process produces it now (``_stand_down``)
+            return
         if held.log.ended:
             held.ended_at = self.clock()
         elif held._stopping:
@@ -468,82 +499,217 @@ class Answers:
             self._park(held)
 
     async def _unpark(self, held: Held) -> None:
-        """A reader came for a parked answer: produce it on — unless, with shared state,
-        another process took it on meanwhile (then follow that one)."""
-        if self.shared is not None and held.outbox is not None:
-            if not await self.shared.take(held.id):
-                held.outbox, held.shadow = None, True
-                await self._follow_shared(held)
-                return
-            assert self.tasks is not None
-            self.tasks.start_soon(self._keeper, held, False)
+        """A reader came for a parked answer: produce it on — with shared state, from the
+        shared log's word (another process may have continued it meanwhile, or have it now:
+        then follow that one)."""
+        if self.shared is not None and held.writes and not await self._take_on(held):
+            return
         await self._produce(held)
 
     # -- shared state: the answer in Redis ------------------------------------------------
 
-    async def _keeper(self, held: Held, begin: bool) -> None:
+    async def refresh(self, held: Held) -> None:
+        """Before a parked answer held here is read: what other processes added to its log
+        since it was parked is applied (the shared log over this copy)."""
+        if self.shared is not None and held.parked and held.writes and not held.log.ended:
+            await self._catch_up(held)
+
+    async def _catch_up(self, held: Held) -> None:
+        """Apply what the answer's log in Redis holds past this copy."""
+        shared = self.shared
+        assert shared is not None
+        while not held.log.ended:
+            got = await shared.entries(held.id, held.entry, 0)
+            if not got:
+                return
+            self._apply(held, got)
+
+    async def _take_on(self, held: Held) -> bool:
+        """Take on a parked answer this process wrote: True when this process produces it on
+        (its keeper writing again); False when it ended (a stop asked for anywhere ends it
+        here) or another process has it (this copy then follows that one)."""
+        shared = self.shared
+        assert shared is not None
+        await self._catch_up(held)
+        taken = await shared.take(held.id)
+        if taken is not None and not taken.taken and taken.logged >= 0:
+            held.outbox = None
+            if not held.log.ended:  # another process produces it: follow it
+                held.shadow, held.parked = True, False
+                if self.tasks is not None:
+                    self.tasks.start_soon(self._follow_shared, held)
+            return False
+        if taken is not None and taken.taken:
+            await self._catch_up(held)  # what landed between the look and the take
+        # Taken — or Redis is away or lost the answer: the keeper writes it (whole) when it can.
+        held.parked = False
+        if taken is not None and taken.stop:
+            held.stopped()
+            held.ended_at = self.clock()
+            await self._keeper(held, whole=False)
+            return False
+        if self.tasks is not None:
+            self.tasks.start_soon(self._keeper, held, taken is None or taken.logged < 0)
+        return not held.log.ended
+
+    def _whole(self, held: Held) -> list[tuple[dict[str, Any] | None, bytes]]:
+        """The whole answer as one write: every event, every byte."""
+        data = b"".join(b for _, _, b in held.blocks)
+        return [*((event_json(ev), b"") for ev in held.log.events), (None, data)]
+
+    async def _keeper(self, held: Held, whole: bool) -> None:
         """Write what the answer makes to Redis and hold its lease; readers get each event
-        once Redis has it (one round trip: what comes meanwhile goes in the next write). On
-        its end, the last write and its expiry; parked, the lease given up. Redis away: the
-        answer is this process's alone, and its readers get everything at once."""
+        once Redis has it (one round trip: what comes meanwhile goes in the next write).
+        ``whole``: the first write is the whole answer with its meta (a new answer, or one
+        Redis lost). On its end, the last write and its expiry; parked, the lease given up;
+        another process owning it, this copy stands down. Redis away: the answer is this
+        process's alone until it answers again, then written on."""
         shared = self.shared
         assert shared is not None
         held.durable = len(held.blocks)
-        if begin and not await shared.begin(held, time.time() + held.deadline_left()):
-            self._alone(held)
-            return
         renew = LEASE_MS / 3000
-        written = self.clock()  # the lease's last renewal
         while held.outbox is not None:
-            if not held.outbox and not held.log.ended and not held.parked:
-                with anyio.move_on_after(renew):
-                    await held.moved()
-            if held.durable and held.outbox:  # past the first event: let more come with it
-                with anyio.move_on_after(FLUSH):
-                    while not held.log.ended:
+            if not whole:
+                if not held.outbox and not held.log.ended and not held.parked:
+                    with anyio.move_on_after(renew):
                         await held.moved()
-            entries, held.outbox = held.outbox, []
-            upto = len(held.blocks)
-            ended = held.log.ended
-            stop = await shared.write(held, entries, held.status if ended else None)
-            while stop is None:
-                # Redis did not answer (or not in time): while the lease may still stand, wait
-                # for it and write the same again; past that, another process may adopt the
-                # answer, and this one's readers are served from here alone.
-                with anyio.move_on_after(max(0.0, written + LEASE_MS / 1000 - 0.5 - self.clock())):
-                    await shared.shared.back()
-                if not shared.shared.connected:
-                    self._alone(held)
+                if held.durable and held.outbox:  # past the first event: let more come with it
+                    with anyio.move_on_after(FLUSH):
+                        while not held.log.ended:
+                            await held.moved()
+                if held.outbox is None:
                     return
-                stop = await shared.write(held, entries, held.status if ended else None)
-            written = self.clock()
-            held.durable = upto
+            upto, ended = len(held.blocks), held.log.ended
+            entries = self._whole(held) if whole else held.outbox
+            held.outbox = []
+            got = await self._write(held, entries, held.status if ended else None, whole)
+            if got == "gone":  # Redis lost it (a restart, a flush): the whole answer again
+                whole = True
+                continue
+            if got == "lost":
+                self._stand_down(held)
+                return
+            whole = False
+            held.durable = max(upto, held.durable or 0)
             held.notify()
             if ended:
-                held.outbox = None
+                held.outbox, held.written = None, True
                 return
-            if stop and held._scope is not None:
+            if got == "stop" and held._scope is not None:
                 held._stopping = True  # another process's reader pressed Stop
                 held._scope.cancel()
             if held.parked:
                 await shared.release(held.id)
                 return
 
-    def _alone(self, held: Held) -> None:
-        held.outbox, held.durable = None, None
+    async def _write(
+        self,
+        held: Held,
+        entries: list[tuple[dict[str, Any] | None, bytes]],
+        end: str | None,
+        whole: bool,
+    ) -> str:
+        """One write, until Redis takes it: while it does not answer, readers wait as long as
+        the lease may still stand, then are served from here alone, and the same write is
+        sent again once Redis is back (it lands once)."""
+        shared = self.shared
+        assert shared is not None
+        got = await shared.write(held, entries, end, whole=whole)
+        if got is None:
+            with anyio.move_on_after(LEASE_MS / 1000 - 0.5):
+                await shared.shared.back()
+        while got is None:
+            if not shared.shared.connected:
+                if held.durable is not None:
+                    log.warning("streamres.proxy_answer_alone", answer=held.id)
+                self._alone(held)
+                await shared.shared.back()
+            got = await shared.write(held, entries, end, whole=whole)
+        return got
+
+    def _stand_down(self, held: Held) -> None:
+        """Another process owns the answer now (this one stalled past its lease, or was cut
+        off from Redis): its producer here stops at once, and its readers read on from the
+        shared log."""
+        log.warning("streamres.proxy_answer_taken_over", answer=held.id)
+        held.lost, held.outbox = True, None
+        if held._scope is not None:
+            held._scope.cancel()
+        if self._held.get(held.id) is held:
+            del self._held[held.id]
+        if self.tasks is not None:
+            self.tasks.start_soon(self._hand_over, held)
+
+    async def _hand_over(self, held: Held) -> None:
+        successor = await self.find_shared(held.id, held.owner)
+        if successor is None:  # gone from Redis too: what was written is all there is
+            if held.durable is not None:
+                del held.blocks[held.durable :]
+            held.durable = None
+            held.fail(
+                streamres.StreamError(
+                    "the answer moved to another proxy process and cannot be read from here",
+                    partial_text=held.log.text,
+                )
+            )
+        else:
+            successor.moved_from.append(held)
+            held.successor = successor
         held.notify()
+
+    def _alone(self, held: Held) -> None:
+        held.durable = None
+        held.notify()
+
+    async def rewrite_all(self) -> None:
+        """Redis came back without the answers (a restart, a flush): every answer this
+        process wrote and holds — ended or parked — written again whole (a running one's
+        keeper finds it gone by itself)."""
+        shared = self.shared
+        assert shared is not None
+        for held in list(self._held.values()):
+            if held.written:
+                await shared.write(held, self._whole(held), held.status, whole=True)
+            elif (
+                held.parked
+                and held.writes
+                and await shared.write(held, self._whole(held), None, whole=True) == "written"
+            ):
+                await shared.release(held.id)
+
+    async def _after_losses(self) -> None:
+        """Watch for Redis coming back (or losing its data), then write again what it lost."""
+        shared = self.shared
+        assert shared is not None
+        seen = shared.shared.rejoined_at
+        while True:
+            await anyio.sleep(0.5)
+            if shared.shared.rejoined_at != seen and shared.shared.connected:
+                seen = shared.shared.rejoined_at
+                await self.rewrite_all()
 
     async def find_shared(self, answer_id: str, owner: str | None) -> Held | None:
         """An answer another process holds (or held), found in Redis: a shadow of it here,
-        which follows its log — and adopts it, when its process is gone."""
+        which follows its log — and adopts it, when its process is gone. One lookup at a
+        time per answer: concurrent readers share the shadow it makes."""
+        while (looking := self._finding.get(answer_id)) is not None:
+            await looking.wait()
+        if answer_id in self._held:
+            return self.find(answer_id, owner)
+        self._finding[answer_id] = looking = anyio.Event()
+        try:
+            return await self._find_shared(answer_id, owner)
+        finally:
+            del self._finding[answer_id]
+            looking.set()
+
+    async def _find_shared(self, answer_id: str, owner: str | None) -> Held | None:
         shared = self.shared
         if shared is None or not shared.shared.connected:
             return None
         meta = await shared.meta(answer_id)
         if not meta or (meta.get("owner") or None) != owner or "call" not in meta:
             return None
-        if answer_id in self._held:  # found meanwhile
-            return self.find(answer_id, owner)
         try:
             call = call_from(meta)
             writer = Writer(
@@ -567,13 +733,7 @@ class Answers:
             log.warning("streamres.proxy_answer_unreadable", answer=answer_id, error=str(exc))
             return None
         held.shadow = True
-        while True:  # what the log holds now, before any reader
-            got = await shared.entries(answer_id, held.entry, 0)
-            if not got:
-                break
-            self._apply(held, got)
-        if answer_id in self._held:
-            return self.find(answer_id, owner)
+        await self._catch_up(held)  # what the log holds now, before any reader
         self._forget_over()
         self._held[answer_id] = held
         if held.log.ended:
@@ -583,60 +743,80 @@ class Answers:
         return held
 
     def _apply(self, held: Held, entries: list[Any]) -> None:
-        """Log entries from Redis, applied to a shadow: each event encoded again (the same
-        bytes as its producer's, which are checked)."""
-        for entry_id, fields in entries:
-            held.entry = entry_id
-            at = fields.get("at")
-            if held.log.ended or (at is not None and int(at) < held.logged):
-                continue  # a write its producer sent again: Redis had the first
-            before = len(held.blocks)
-            events = json.loads(fields.get("e") or "[]")
-            for obj in events:
-                held.add(event_from(obj))
-            held.logged += len(events)
-            end = fields.get("end")
-            if end == "failed":
-                error = json.loads(fields.get("error") or "{}")
-                held.fail(error_from(error, held.log.text))
-            elif end == "cancelled":
-                held.stopped()
-            elif end is not None and not held.log.ended:  # ended without its done event
-                held.fail(streamres.StreamError("the answer ended", partial_text=held.log.text))
-            made = b"".join(b for _, _, b in held.blocks[before:]).decode("utf-8")
-            if made != fields.get("b", "") and not self._mismatch:
-                self._mismatch = True
-                log.warning("streamres.proxy_answer_replay_differs", answer=held.id)
+        """Log entries from Redis, applied to this copy: each event encoded again (the same
+        bytes as its producer's, which are checked). Events this copy has already (its own,
+        or a write sent again, or an answer written again whole) are skipped by number."""
+        outbox, held.outbox = held.outbox, None  # what others wrote is not written again
+        try:
+            for entry_id, fields in entries:
+                held.entry = entry_id
+                if held.log.ended:
+                    continue
+                events = json.loads(fields.get("e") or "[]")
+                skip = held.logged - int(fields.get("at", held.logged))
+                before = len(held.blocks)
+                for obj in events[max(0, skip) :]:
+                    held.add(event_from(obj))
+                held.logged += max(0, len(events) - max(0, skip))
+                end = fields.get("end")
+                if end == "failed":
+                    error = json.loads(fields.get("error") or "{}")
+                    held.fail(error_from(error, held.log.text))
+                elif end == "cancelled":
+                    held.stopped()
+                elif end is not None and not held.log.ended:  # ended without its done event
+                    held.fail(streamres.StreamError("the answer ended", partial_text=held.log.text))
+                made = b"".join(b for _, _, b in held.blocks[before:]).decode("utf-8")
+                if skip == 0 and made != fields.get("b", "") and not self._mismatch:
+                    self._mismatch = True
+                    log.warning("streamres.proxy_answer_replay_differs", answer=held.id)
+        finally:
+            held.outbox = outbox
+            if held.durable is not None:
+                held.durable = len(held.blocks)
 
     async def _follow_shared(self, held: Held) -> None:
-        """Follow a shadow's log to the answer's end; adopt it if its process is gone; let it
-        go when nobody has read it for ``hold`` seconds."""
+        """Follow a shadow's log to the answer's end; adopt it if its process is gone (a
+        stop asked for meanwhile ends it instead); let it go when nobody has read it for
+        ``hold`` seconds."""
         shared = self.shared
         assert shared is not None
         idle = self.clock()
-        while not held.log.ended:
+        while not held.log.ended and held.shadow:
             got = await shared.entries(held.id, held.entry, 100)
             if got:
                 self._apply(held, got)
                 continue
-            if held.readers:
+            if held.read_anywhere():
                 idle = self.clock()
             elif self.clock() - idle > self.limits.hold + 1:
                 if self._held.get(held.id) is held:
                     del self._held[held.id]  # a later reader makes a new shadow
                 return
-            if got is None:  # Redis away
+            if got is None or shared.settling():  # Redis away, or its writers not back yet
                 await anyio.sleep(0.5)
                 continue
-            if await shared.alive(held.id) is False and await shared.take(held.id):
-                log.info("streamres.proxy_answer_adopted", answer=held.id, chars=len(held.log.text))
-                held.shadow = False
-                held.outbox, held.durable = [], len(held.blocks)
-                assert self.tasks is not None
-                self.tasks.start_soon(self._keeper, held, False)
-                await self._produce(held)
+            taken = await shared.take(held.id)
+            if taken is None or not (taken.taken or taken.logged < 0):
+                continue
+            # Its process is gone (or Redis lost the answer and nobody wrote it again): this
+            # process takes it on, from what was delivered.
+            log.info("streamres.proxy_answer_adopted", answer=held.id, chars=len(held.log.text))
+            held.shadow = False
+            held.outbox, held.durable = [], len(held.blocks)
+            if taken.taken:
+                await self._catch_up(held)
+            if taken.stop:
+                held.stopped()
+                held.ended_at = self.clock()
+                await self._keeper(held, whole=False)
                 return
-        held.ended_at = self.clock()
+            assert self.tasks is not None
+            self.tasks.start_soon(self._keeper, held, not taken.taken)
+            await self._produce(held)
+            return
+        if held.log.ended:
+            held.ended_at = self.clock()
 
     # -- forgetting ---------------------------------------------------------------------
 

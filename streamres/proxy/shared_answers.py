@@ -31,13 +31,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any
+from typing import Any, Literal
+
+import anyio
 
 import streamres
 from streamres.proxy.inbound import Call
 from streamres.proxy.outbound import Writer
 
-__all__ = ["FLUSH", "LEASE_MS", "SharedAnswers", "event_from", "event_json"]
+__all__ = ["FLUSH", "LEASE_MS", "SETTLE", "SharedAnswers", "Taken", "event_from", "event_json"]
 
 #: Seconds an answer's events after its first wait to be written together (the first goes at
 #: once: the time to a first event is what a person notices).
@@ -46,6 +48,10 @@ FLUSH = 0.02
 LEASE_MS = 3000
 #: Entries read at once from an answer's log.
 _BATCH = 500
+#: Seconds after Redis comes back (or turns out to have lost its data) in which the processes
+#: holding answers write them again: nobody adopts an answer then, and an answer not found may
+#: be one not yet written again (a 503, not a 404).
+SETTLE = 2 * LEASE_MS / 1000
 
 
 def event_json(ev: streamres.Event) -> dict[str, Any]:
@@ -91,8 +97,98 @@ def event_from(obj: dict[str, Any]) -> streamres.Event:
     return streamres.DoneEvent(usage=usage, tool_calls=calls, **fields)
 
 
+_WRITE = """
+-- KEYS: the answer's meta, log and lease
+-- ARGV: 1 this process, 2 lease ms, 3 the log's ttl while it runs (s), 4 keep (s), 5 at (the
+--   events logged before these), 6 their count, 7 how it ended ('' running), 8 events (JSON),
+--   9 their bytes, 10 its error (JSON, or ''), 11 the meta's fields (JSON, or ''), 12 the
+--   meta's ttl (s)
+-- -> {0, stop}: written, or a resend Redis had (stop: another process asked for a stop);
+--    {-1, 0}: another process owns the answer now; {-2, 0}: Redis has no such answer (lost
+--    with its data): write it again whole, with its meta
+local meta, log, lease = KEYS[1], KEYS[2], KEYS[3]
+local me, at, count = ARGV[1], tonumber(ARGV[5]), tonumber(ARGV[6])
+if redis.call('EXISTS', meta) == 0 then
+  if ARGV[11] == '' or at ~= 0 then return {-2, 0} end
+  for k, v in pairs(cjson.decode(ARGV[11])) do redis.call('HSET', meta, k, v) end
+  redis.call('HSET', meta, 'n', 0, 'by', me)
+  redis.call('EXPIRE', meta, ARGV[12])
+  redis.call('SET', lease, me, 'PX', ARGV[2])
+end
+local holder = redis.call('GET', lease)
+if (holder and holder ~= me) or ((not holder) and redis.call('HGET', meta, 'by') ~= me) then
+  return {-1, 0}
+end
+local n = tonumber(redis.call('HGET', meta, 'n') or '0')
+if at > n then return {-1, 0} end
+if at == n and (count > 0 or ARGV[9] ~= '' or ARGV[7] ~= '') then
+  local entry = {'e', ARGV[8], 'b', ARGV[9], 'at', ARGV[5]}
+  if ARGV[7] ~= '' then
+    table.insert(entry, 'end'); table.insert(entry, ARGV[7])
+    if ARGV[10] ~= '' then table.insert(entry, 'error'); table.insert(entry, ARGV[10]) end
+  end
+  redis.call('XADD', log, '*', unpack(entry))
+  redis.call('HSET', meta, 'n', n + count)
+end
+if ARGV[7] == '' then
+  redis.call('SET', lease, me, 'PX', ARGV[2])
+  redis.call('EXPIRE', log, ARGV[3])
+else
+  redis.call('HSET', meta, 'status', ARGV[7])
+  redis.call('EXPIRE', meta, ARGV[4])
+  redis.call('EXPIRE', log, ARGV[4])
+  redis.call('DEL', lease)
+end
+return {0, redis.call('HGET', meta, 'stop') and 1 or 0}
+"""
+
+_TAKE = """
+-- KEYS: the answer's meta and lease; ARGV: this process, lease ms
+-- -> {taken (1 or 0), events logged (-1: no such answer), stop asked (1 or 0)}: taken when
+--    the answer runs and no other process holds it (this one writes it from here on)
+local meta, lease, me = KEYS[1], KEYS[2], ARGV[1]
+if redis.call('EXISTS', meta) == 0 then return {0, -1, 0} end
+local n = tonumber(redis.call('HGET', meta, 'n') or '0')
+local stop = redis.call('HGET', meta, 'stop') and 1 or 0
+if redis.call('HGET', meta, 'status') ~= 'in_progress' then return {0, n, stop} end
+local holder = redis.call('GET', lease)
+if holder and holder ~= me then return {0, n, stop} end
+redis.call('SET', lease, me, 'PX', ARGV[2])
+redis.call('HSET', meta, 'by', me)
+return {1, n, stop}
+"""
+
+_RELEASE = """
+-- KEYS: the answer's lease; ARGV: this process -> 1 given up, 0 not this process's
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_STOP = """
+-- KEYS: the answer's meta -> 1 asked, 0 no such answer
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'stop', '1')
+return 1
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    """What taking an answer's lease found."""
+
+    taken: bool
+    #: Events in the answer's log (-1: Redis has no such answer).
+    logged: int
+    #: A stop was asked for: the answer ends there, it is never continued.
+    stop: bool
+
+
 class SharedAnswers:
-    """An answer's keys in Redis, through the client's shared state (``Client(shared=…)``)."""
+    """An answer's keys in Redis, through the client's shared state (``Client(shared=…)``).
+
+    Every write is fenced: it lands only while this process owns the answer (holds its lease,
+    or was the last to write it and nobody took the lease since) and only at the log's end —
+    so a process that stalled past its lease and wakes finds it lost and stands down."""
 
     def __init__(self, shared: Any, keep: float) -> None:
         self.shared = shared
@@ -100,6 +196,13 @@ class SharedAnswers:
         self.prefix = f"{shared.name}:answer:"  # each answer its own tag: spread over a cluster
         #: Writes and reads made, by kind (what an answer costs in Redis).
         self.calls: dict[str, int] = {}
+        for name, source in (
+            ("answer_write", _WRITE),
+            ("answer_take", _TAKE),
+            ("answer_release", _RELEASE),
+            ("answer_stop", _STOP),
+        ):
+            shared.register(name, source)
 
     def _keys(self, answer_id: str) -> tuple[str, str, str]:
         base = f"{self.prefix}{{{answer_id}}}"
@@ -112,13 +215,21 @@ class SharedAnswers:
             return None
         return await shared._bounded(lambda: command(shared._redis))
 
+    async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return await self.shared.run(name, keys, args)
+
+    def settling(self) -> bool:
+        """Redis is away, or came back (or lost its data) so lately that the processes
+        holding answers may not have written them again yet: an answer not found may exist."""
+        shared = self.shared
+        return not shared.connected or (anyio.current_time() - shared.rejoined_at < SETTLE)
+
     # -- the producing process ------------------------------------------------------------
 
-    async def begin(self, held: Any, deadline_wall: float) -> bool:
-        """Write what the answer is, and take its lease; False when Redis does not answer."""
-        meta, _, lease = self._keys(held.id)
+    def _meta_fields(self, held: Any, deadline_wall: float) -> dict[str, str]:
         w: Writer = held.writer
-        fields = {
+        return {
             "call": json.dumps(dataclasses.asdict(held.call)),
             "chain": json.dumps(held.chain),
             "kwargs": json.dumps(held.kwargs),
@@ -131,74 +242,73 @@ class SharedAnswers:
             "deadline": repr(deadline_wall),
             "status": "in_progress",
         }
-        expire = int(max(1.0, deadline_wall - time.time()) + self.keep) + 1
-
-        async def write(redis: Any) -> Any:
-            async with redis.pipeline(transaction=False) as pipe:
-                done = [
-                    pipe.hset(meta, fields),
-                    pipe.expire(meta, expire),
-                    pipe.set(lease, self.shared.id, px=LEASE_MS),
-                ]
-            return [await d for d in done]
-
-        return await self._do("begin", write) is not None
 
     async def write(
-        self, held: Any, entries: list[tuple[dict[str, Any] | None, bytes]], end: str | None
-    ) -> bool | None:
+        self,
+        held: Any,
+        entries: list[tuple[dict[str, Any] | None, bytes]],
+        end: str | None,
+        *,
+        whole: bool = False,
+    ) -> Literal["written", "stop", "lost", "gone"] | None:
         """Append ``entries`` (events and their encoded bytes) in one log entry, renew the
-        lease; ``end``: the answer ended so (its keys then expire after ``keep``). True when
-        another process asked for the answer to be stopped; ``None``: Redis did not answer
-        (the same write may be sent again: readers skip an entry they have)."""
+        lease; ``end``: the answer ended so (its keys then expire after ``keep``);
+        ``whole``: the entries are the whole answer, written with its meta when Redis has
+        none (the first write, or Redis lost it).
+
+        ``"stop"``: written, and another process asked for a stop; ``"lost"``: another
+        process owns the answer now (nothing written); ``"gone"``: Redis has no such answer
+        (write it whole); ``None``: Redis did not answer (the same write may be sent again:
+        it lands once)."""
         meta, logkey, lease = self._keys(held.id)
         events = [e for e, _ in entries if e is not None]
         data = b"".join(b for _, b in entries).decode("utf-8")
-        # ``at``: the events logged before these, so that a write sent again (Redis answered
-        # the first too late to tell) is read once.
-        entry: dict[str, str] = {
-            "e": json.dumps(events, ensure_ascii=False),
-            "b": data,
-            "at": str(held.logged),
-        }
-        if end is not None:
-            entry["end"] = end
-            if held.log.error is not None:
-                entry["error"] = json.dumps(_error_json(held.log.error))
+        at = 0 if whole else held.logged
+        left = max(1.0, held.deadline_left())
+        fields = ""
+        if whole:
+            fields = json.dumps(self._meta_fields(held, time.time() + left))
+        error = ""
+        if end is not None and held.log.error is not None:
+            error = json.dumps(_error_json(held.log.error))
         keep = int(self.keep) + 1
-
-        async def send(redis: Any) -> Any:
-            async with redis.pipeline(transaction=False) as pipe:
-                done = []
-                if end is None:
-                    done.append(pipe.hget(meta, "stop"))
-                if events or data or end is not None:
-                    done.append(pipe.xadd(logkey, entry))
-                if end is None:
-                    done.append(pipe.set(lease, self.shared.id, px=LEASE_MS))
-                    done.append(pipe.expire(logkey, keep + max(1, int(held.deadline_left()))))
-                else:
-                    done.append(pipe.hset(meta, {"status": end}))
-                    done.append(pipe.expire(meta, keep))
-                    done.append(pipe.expire(logkey, keep))
-                    done.append(pipe.delete([lease]))
-            return [await d for d in done]
-
-        got = await self._do("write", send)
+        args: list[Any] = [
+            self.shared.id,
+            LEASE_MS,
+            keep + int(left) + 1,
+            keep,
+            at,
+            len(events),
+            end or "",
+            json.dumps(events, ensure_ascii=False),
+            data,
+            error,
+            fields,
+            int(left + self.keep) + 1,
+        ]
+        got = await self._script("answer_write", [meta, logkey, lease], args)
         if got is None:
             return None
-        held.logged += len(events)
-        return bool(end is None and got[0])
+        verdict, stop = int(got[0]), int(got[1])
+        if verdict == -1:
+            return "lost"
+        if verdict == -2:
+            return "gone"
+        held.logged = at + len(events)
+        return "stop" if stop and end is None else "written"
 
     async def release(self, answer_id: str) -> None:
-        """Give the answer's lease up (it is parked: any process may take it on)."""
+        """Give the answer's lease up, if still this process's (it is parked: any process
+        may take it on)."""
         _, _, lease = self._keys(answer_id)
-        await self._do("release", lambda redis: redis.delete([lease]))
+        await self._script("answer_release", [lease], [self.shared.id])
 
-    async def ask_stop(self, answer_id: str) -> None:
-        """Ask the process producing the answer to stop it (it reads this as it writes)."""
+    async def ask_stop(self, answer_id: str) -> bool | None:
+        """Mark the answer stopped where every process reads it: whoever produces it (or would
+        take it on) ends it instead. False: no such answer; ``None``: Redis away."""
         meta, _, _ = self._keys(answer_id)
-        await self._do("stop", lambda redis: redis.hset(meta, {"stop": "1"}))
+        got = await self._script("answer_stop", [meta], [])
+        return None if got is None else bool(got)
 
     # -- another process ------------------------------------------------------------------
 
@@ -230,22 +340,14 @@ class SharedAnswers:
             return None
         return [(e.identifier, dict(e.field_values)) for e in got]
 
-    async def take(self, answer_id: str) -> bool:
-        """Take the answer's lease if it lapsed (its producer is gone)."""
-        _, _, lease = self._keys(answer_id)
-        from coredis import PureToken
-
-        got = await self._do(
-            "take",
-            lambda redis: redis.set(lease, self.shared.id, px=LEASE_MS, condition=PureToken.NX),
-        )
-        return bool(got)
-
-    async def alive(self, answer_id: str) -> bool | None:
-        """Does a process hold the answer's lease? (``None``: Redis away.)"""
-        _, _, lease = self._keys(answer_id)
-        got = await self._do("lease", lambda redis: redis.exists([lease]))
-        return None if got is None else bool(got)
+    async def take(self, answer_id: str) -> Taken | None:
+        """Take the answer's lease when it runs and no other process holds it (its producer
+        is gone, or parked it); ``None``: Redis away."""
+        meta, _, lease = self._keys(answer_id)
+        got = await self._script("answer_take", [meta, lease], [self.shared.id, LEASE_MS])
+        if got is None:
+            return None
+        return Taken(bool(int(got[0])), int(got[1]), bool(int(got[2])))
 
 
 def _error_json(exc: streamres.StreamError) -> dict[str, Any]:

@@ -72,6 +72,9 @@ class Connection(Limits):
         self.local_fallbacks = 0
         #: Times Redis went away (or answered too late) and this process went on alone.
         self.outages = 0
+        #: When (anyio's clock) Redis last answered again after an outage, or turned out to
+        #: have lost its data: what was written before may not be there yet.
+        self.rejoined_at = float("-inf")
         self._limits_of = {r.key: r.max_in_flight for r in routes}
         self._account_limits = dict(account_limits)
         self._held: dict[str, list[str | None]] = {}  # route -> lease ids (None: local)
@@ -150,6 +153,7 @@ class Connection(Limits):
                 slots.grow(cut)
             self._shrunk = []
             self.fleet.notes = []
+            self.rejoined_at = anyio.current_time()
             log.info("streamres.shared_rejoined", url=redact_url(self.url))
             if self._rejoined is not None:
                 self._rejoined.set()

@@ -160,6 +160,7 @@ class Leases(Connection):
         async with self._recovering:
             if self._epoch != seen:
                 return  # another of this process's tasks recovered meanwhile
+            self.rejoined_at = anyio.current_time()
             if await self._put_back():  # else Redis went away: the rejoin puts them back
                 log.warning(
                     "streamres.shared_data_lost",
