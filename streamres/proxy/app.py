@@ -429,7 +429,7 @@ class Proxy:
             answer_id, owner
         )
         shared = self.answers.shared
-        if held is None and shared is not None and shared.settling():
+        if held is None and shared is not None and await shared.unsure():
             message = (
                 "this answer cannot be looked up now: shared state is away, or has just come "
                 "back and the proxies holding answers are writing them again — try again"

@@ -309,6 +309,7 @@ class Answers:
         state = self.client._shared_state
         if state is not None:
             self.shared = SharedAnswers(state, self.limits.keep)
+            await self.shared.started()
         try:
             async with anyio.create_task_group() as tg:
                 self.tasks = tg
@@ -678,15 +679,20 @@ class Answers:
                 await shared.release(held.id)
 
     async def _after_losses(self) -> None:
-        """Watch for Redis coming back (or losing its data), then write again what it lost."""
+        """Watch for Redis coming back, or turning out to have lost its data (a restart, a
+        flush: the mark every process keeps there changed), then write again what it lost."""
         shared = self.shared
         assert shared is not None
-        seen = shared.shared.rejoined_at
+        rejoined = shared.shared.rejoined_at
+        mark = await shared.since()
         while True:
-            await anyio.sleep(0.5)
-            if shared.shared.rejoined_at != seen and shared.shared.connected:
-                seen = shared.shared.rejoined_at
+            await anyio.sleep(1.0)
+            now = await shared.since()
+            if now is None:
+                continue
+            if rejoined != shared.shared.rejoined_at or (mark is not None and now[1] != mark[1]):
                 await self.rewrite_all()
+            rejoined, mark = shared.shared.rejoined_at, now
 
     async def find_shared(self, answer_id: str, owner: str | None) -> Held | None:
         """An answer another process holds (or held), found in Redis: a shadow of it here,
@@ -799,6 +805,8 @@ class Answers:
             taken = await shared.take(held.id)
             if taken is None or not (taken.taken or taken.logged < 0):
                 continue
+            if not taken.taken and await shared.unsure():
+                continue  # Redis lost it lately: its process may still write it again
             # Its process is gone (or Redis lost the answer and nobody wrote it again): this
             # process takes it on, from what was delivered.
             log.info("streamres.proxy_answer_adopted", answer=held.id, chars=len(held.log.text))
@@ -813,6 +821,9 @@ class Answers:
                 return
             assert self.tasks is not None
             self.tasks.start_soon(self._keeper, held, not taken.taken)
+            if not held.call.background and not held.read_anywhere():
+                held._lingers += 1  # its reader went meanwhile: its hold, as for any answer
+                self.tasks.start_soon(self._linger, held, held._lingers)
             await self._produce(held)
             return
         if held.log.ended:

@@ -158,6 +158,21 @@ redis.call('HSET', meta, 'by', me)
 return {1, n, stop}
 """
 
+_SINCE = """
+-- KEYS: when the answers in Redis began to be kept (ms on Redis's clock; '0': since the
+--   fleet started); ARGV: settle ms
+-- -> {lately, since}: lately 1 when Redis lost its data under settle ms ago (the key was
+--    missing: written now), else 0; since: the key's value (it changes when data is lost)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local since = redis.call('GET', KEYS[1])
+if not since then
+  redis.call('SET', KEYS[1], now)
+  since = tostring(now)
+end
+return {(now - tonumber(since) < tonumber(ARGV[1])) and 1 or 0, since}
+"""
+
 _RELEASE = """
 -- KEYS: the answer's lease; ARGV: this process -> 1 given up, 0 not this process's
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -194,6 +209,7 @@ class SharedAnswers:
         self.shared = shared
         self.keep = keep
         self.prefix = f"{shared.name}:answer:"  # each answer its own tag: spread over a cluster
+        self._since = f"{shared.prefix}:answers:since"
         #: Writes and reads made, by kind (what an answer costs in Redis).
         self.calls: dict[str, int] = {}
         for name, source in (
@@ -201,6 +217,7 @@ class SharedAnswers:
             ("answer_take", _TAKE),
             ("answer_release", _RELEASE),
             ("answer_stop", _STOP),
+            ("answer_since", _SINCE),
         ):
             shared.register(name, source)
 
@@ -218,6 +235,25 @@ class SharedAnswers:
     async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         self.calls[name] = self.calls.get(name, 0) + 1
         return await self.shared.run(name, keys, args)
+
+    async def started(self) -> None:
+        """The fleet's answers are kept from now (unless a process said so before)."""
+        await self._do("since", lambda redis: redis.set(self._since, "0", condition=_nx()))
+
+    async def unsure(self) -> bool:
+        """May an answer Redis does not have exist all the same? True while shared state is
+        away or settling, or when Redis lost its data lately (restarted without persistence,
+        flushed) — the processes holding answers write them again within ``SETTLE``."""
+        if self.settling():
+            return True
+        got = await self.since()
+        return got is None or got[0]
+
+    async def since(self) -> tuple[bool, str] | None:
+        """Did Redis lose its data lately, and the mark that changes each time it does
+        (``None``: Redis away)."""
+        got = await self._script("answer_since", [self._since], [int(SETTLE * 1000)])
+        return None if got is None else (bool(int(got[0])), str(got[1]))
 
     def settling(self) -> bool:
         """Redis is away, or came back (or lost its data) so lately that the processes
@@ -348,6 +384,12 @@ class SharedAnswers:
         if got is None:
             return None
         return Taken(bool(int(got[0])), int(got[1]), bool(int(got[2])))
+
+
+def _nx() -> Any:
+    from coredis import PureToken
+
+    return PureToken.NX
 
 
 def _error_json(exc: streamres.StreamError) -> dict[str, Any]:

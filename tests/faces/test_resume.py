@@ -6,11 +6,9 @@ Against the proxy on loopback (the embedded upstream behind it), with plain HTTP
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,19 @@ from openai import AsyncOpenAI
 from streamres.proxy.config import HoldLimits, parse
 from streamres.proxy.serve import running
 from streamres.upstream import Upstream
+from tests.helpers.answers import (
+    BODIES,
+    Q,
+    asked,
+    assert_exact,
+    begin,
+    read_on,
+    shared_config,
+    sse_events,
+    start_answer,
+    text_of,
+    two_proxies,
+)
 from tests.helpers.network import relay
 from tests.helpers.node import node_env
 from tests.helpers.redis import EVERY_REDIS_ASYNCIO, connected
@@ -34,88 +45,6 @@ def anyio_backend() -> str:
     return "asyncio"  # the official SDKs and uvicorn run on asyncio
 
 
-Q = [{"role": "user", "content": "Explain TCP slow start in a few sentences."}]
-
-
-async def _events(r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The SSE events of a response, as ``{"id", "event", "data"}`` (comments dropped)."""
-    buf = ""
-    async for chunk in r.aiter_text():
-        buf += chunk
-        while "\n\n" in buf:
-            block, buf = buf.split("\n\n", 1)
-            ev: dict[str, Any] = {"id": None, "event": None, "data": ""}
-            for line in block.split("\n"):
-                name, _, value = line.partition(": ")
-                if name in ("id", "event", "data"):
-                    ev[name] = value
-            if ev["id"] is not None:
-                yield ev
-
-
-def _text(ev: dict[str, Any]) -> str:
-    """The answer's text an event carries, in any of the three APIs."""
-    if ev["data"] == "[DONE]":
-        return ""
-    data = json.loads(ev["data"])
-    if "choices" in data:
-        return "".join(c["delta"].get("content") or "" for c in data["choices"])
-    if data.get("type") == "content_block_delta":
-        return str(data["delta"].get("text", ""))
-    if data.get("type") == "response.output_text.delta":
-        return str(data["delta"])
-    return ""
-
-
-BODIES = {
-    "openai": ("/v1/chat/completions", {"model": "demo", "messages": Q, "stream": True}),
-    "anthropic": (
-        "/v1/messages",
-        {"model": "demo", "messages": Q, "stream": True, "max_tokens": 1024},
-    ),
-    "responses": ("/v1/responses", {"model": "demo", "input": Q[0]["content"], "stream": True}),
-}
-
-
-async def _start(
-    http: httpx.AsyncClient,
-    url: str,
-    api: str,
-    upto: int,
-    body: dict[str, Any] | None = None,
-) -> tuple[str, list[dict[str, Any]]]:
-    """Start an answer (``body``: instead of the API's usual one) and read its first ``upto``
-    events, then go (the connection closed)."""
-    path, usual = BODIES[api]
-    got: list[dict[str, Any]] = []
-    async with http.stream("POST", url + path, json=body or usual) as r:
-        assert r.status_code == 200, await r.aread()
-        answer = r.headers["x-streamres-answer"]
-        async for ev in _events(r):
-            got.append(ev)
-            if len(got) == upto:
-                break
-    return answer, got
-
-
-def _exact(every: list[dict[str, Any]], expected: str) -> None:
-    """The events read, across reconnects, are numbered on (none twice, none missing) and
-    their text is ``expected``."""
-    assert [int(e["id"]) for e in every] == list(range(len(every)))
-    assert "".join(_text(e) for e in every) == expected
-
-
-async def _read_on(
-    http: httpx.AsyncClient, url: str, answer: str, last: str | None, **headers: str
-) -> list[dict[str, Any]]:
-    h = dict(headers)
-    if last is not None:
-        h["last-event-id"] = last
-    async with http.stream("GET", f"{url}/v1/answers/{answer}/events", headers=h) as r:
-        assert r.status_code == 200, await r.aread()
-        return [ev async for ev in _events(r)]
-
-
 @pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
 async def test_a_reader_that_comes_back_gets_exactly_the_rest(api: str) -> None:
     """The client goes after a few events and comes back with ``Last-Event-ID``: it gets
@@ -126,10 +55,10 @@ async def test_a_reader_that_comes_back_gets_exactly_the_rest(api: str) -> None:
         httpx.AsyncClient(timeout=30) as http,
     ):
         assert run.upstream is not None
-        answer, first = await _start(http, run.url, api, upto=5)
-        rest = await _read_on(http, run.url, answer, first[-1]["id"])
+        answer, first = await start_answer(http, run.url, api, upto=5)
+        rest = await read_on(http, run.url, answer, first[-1]["id"])
         every = first + rest
-        _exact(every, run.upstream.answer(Q))
+        assert_exact(every, run.upstream.answer(Q))
         assert len(run.upstream.requests) == 1
 
 
@@ -141,10 +70,10 @@ async def test_a_reload_reads_the_whole_answer_again() -> None:
         httpx.AsyncClient(timeout=30) as http,
     ):
         assert run.upstream is not None
-        answer, first = await _start(http, run.url, "openai", upto=3)
-        again = await _read_on(http, run.url, answer, None)
+        answer, first = await start_answer(http, run.url, "openai", upto=3)
+        again = await read_on(http, run.url, answer, None)
         assert again[: len(first)] == first
-        assert "".join(_text(e) for e in again) == run.upstream.answer(Q)
+        assert "".join(text_of(e) for e in again) == run.upstream.answer(Q)
 
 
 async def test_an_answer_past_its_hold_is_continued_from_its_partial() -> None:
@@ -157,15 +86,15 @@ async def test_an_answer_past_its_hold_is_continued_from_its_partial() -> None:
     ):
         up = run.upstream
         assert up is not None
-        answer, first = await _start(http, run.url, "openai", upto=6)
+        answer, first = await start_answer(http, run.url, "openai", upto=6)
         with anyio.fail_after(5):
             await up.wait_streams_done()  # the upstream was closed: nobody reads
         held = run.proxy.answers.find(answer, None)
         assert held is not None and held.parked and held.log.text
         partial = held.log.text
-        rest = await _read_on(http, run.url, answer, first[-1]["id"])
+        rest = await read_on(http, run.url, answer, first[-1]["id"])
         every = first + rest
-        _exact(every, up.answer(Q))
+        assert_exact(every, up.answer(Q))
         assert len(up.requests) == 2
         sent = json.dumps(up.requests[1].body, ensure_ascii=False)
         assert partial[:40] in sent  # the second request continues the partial
@@ -184,7 +113,7 @@ async def test_stop_ends_the_answer_and_closes_the_upstream() -> None:
         events: list[dict[str, Any]] = []
         async with http.stream("POST", run.url + path, json=body) as r:
             answer = r.headers["x-streamres-answer"]
-            async for ev in _events(r):
+            async for ev in sse_events(r):
                 events.append(ev)
                 if len(events) == 3:
                     stopped = await http.post(f"{run.url}/v1/answers/{answer}/stop")
@@ -195,7 +124,7 @@ async def test_stop_ends_the_answer_and_closes_the_upstream() -> None:
         assert json.loads(events[-2]["data"])["choices"][0]["finish_reason"] == "stop"
         state = (await http.get(f"{run.url}/v1/answers/{answer}")).json()
         assert state["status"] == "cancelled"
-        text = "".join(_text(e) for e in events)
+        text = "".join(text_of(e) for e in events)
         assert text and state["text"] == text and up.answer(Q).startswith(text)
 
 
@@ -337,7 +266,7 @@ async def test_a_thousand_readers_that_come_and_go(hold: float) -> None:
                     assert r.status_code == 200, (await r.aread()).decode()
                     answer = r.headers["x-streamres-answer"]
                     drop = plan.randint(1, 12)
-                    async for ev in _events(r):
+                    async for ev in sse_events(r):
                         events.append(ev)
                         if len(events) >= drop:
                             break
@@ -350,13 +279,13 @@ async def test_a_thousand_readers_that_come_and_go(hold: float) -> None:
                     async with http.stream("GET", url, headers=headers) as r:
                         assert r.status_code == 200, (await r.aread()).decode()
                         drop = plan.randint(5, 80)
-                        async for ev in _events(r):
+                        async for ev in sse_events(r):
                             got.append(ev)
                             if len(got) >= drop:
                                 break
                     events = got if reload else events + got
                 ids = [int(e["id"]) for e in events]
-                text = "".join(_text(e) for e in events)
+                text = "".join(text_of(e) for e in events)
                 if ids != list(range(len(ids))) or text != up.answer(question):
                     wrong.append(answer)
 
@@ -452,41 +381,6 @@ async def test_the_chat_page_picks_its_answer_up_in_a_browser(mode: str, tmp_pat
         assert held.reads >= 2  # read again: after the reload, or the network's return
 
 
-@contextlib.asynccontextmanager
-async def _two_proxies(
-    up: Upstream, redis: str
-) -> AsyncIterator[tuple[Any, Any, httpx.AsyncClient]]:
-    """Two proxies in front of ``up`` sharing ``redis`` (as two processes would), and a
-    client."""
-    config = _shared_config(up)
-    async with (
-        running(config, port=0, redis=redis) as a,
-        running(config, port=0, redis=redis) as b,
-        httpx.AsyncClient(timeout=30) as http,
-    ):
-        yield a, b, http
-
-
-def _shared_config(up: Upstream, hold: float = 30.0) -> Any:
-    raw = {
-        "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
-        "answers": {"hold": hold},
-    }
-    return parse(raw, {})
-
-
-def _asked(up: Upstream, question: str) -> int:
-    """Requests the upstream received for ``question``."""
-    return sum(question in json.dumps(r.body, ensure_ascii=False) for r in up.requests)
-
-
-async def _begin(
-    http: httpx.AsyncClient, url: str, question: str, upto: int
-) -> tuple[str, list[dict[str, Any]]]:
-    body = {"model": "m", "messages": [{"role": "user", "content": question}], "stream": True}
-    return await _start(http, url, "openai", upto, body)
-
-
 @EVERY_REDIS_ASYNCIO
 async def test_another_proxy_reads_an_answer_on_through_redis(redis_servers: Any) -> None:
     """Two proxies sharing a real Redis: an answer started on one and read on through the
@@ -494,14 +388,14 @@ async def test_another_proxy_reads_an_answer_on_through_redis(redis_servers: Any
     the upstream was asked once."""
     async with (
         Upstream(token_delay=0.01) as up,
-        _two_proxies(up, redis_servers.url) as (a, b, http),
+        two_proxies(up, redis_servers.url) as (a, b, http),
     ):
         question = "Explain TCP slow start in a few sentences."
-        answer, first = await _begin(http, a.url, question, upto=5)
-        rest = await _read_on(http, b.url, answer, first[-1]["id"])
+        answer, first = await begin(http, a.url, question, upto=5)
+        rest = await read_on(http, b.url, answer, first[-1]["id"])
         every = first + rest
-        _exact(every, up.answer([{"role": "user", "content": question}]))
-        assert _asked(up, question) == 1
+        assert_exact(every, up.answer([{"role": "user", "content": question}]))
+        assert asked(up, question) == 1
         assert b.proxy.answers.find(answer, None) is not None  # followed, not produced
         assert not b.proxy.answers._mismatch
         # Ended: its keys in Redis expire after ``keep``; no lease is left.
@@ -523,16 +417,16 @@ async def test_a_redis_that_answers_late_for_a_moment_is_written_on(redis_server
 
     async with (
         Upstream(token_delay=0.03) as up,
-        _two_proxies(up, redis_server.url) as (a, b, http),
+        two_proxies(up, redis_server.url) as (a, b, http),
         coredis.Redis.from_url(redis_server.url) as r,
     ):
         question = "Explain TCP slow start in a few sentences."
-        answer, first = await _begin(http, a.url, question, upto=5)
+        answer, first = await begin(http, a.url, question, upto=5)
         await r.client_pause(800, coredis.PureToken.WRITE)
-        rest = await _read_on(http, b.url, answer, first[-1]["id"])
+        rest = await read_on(http, b.url, answer, first[-1]["id"])
         every = first + rest
-        _exact(every, up.answer([{"role": "user", "content": question}]))
-        assert _asked(up, question) == 1
+        assert_exact(every, up.answer([{"role": "user", "content": question}]))
+        assert asked(up, question) == 1
         held = b.proxy.answers.find(answer, None)
         assert held is not None and held.shadow  # followed, never adopted
         assert a.proxy.client._shared_state.outages >= 1  # a write went unanswered
@@ -545,12 +439,12 @@ async def test_a_write_that_landed_twice_is_read_once(redis_server: Any) -> None
 
     async with (
         Upstream(token_delay=0.005) as up,
-        _two_proxies(up, redis_server.url) as (a, b, http),
+        two_proxies(up, redis_server.url) as (a, b, http),
         coredis.Redis.from_url(redis_server.url) as r,
     ):
         question = "Explain TCP slow start in a few sentences."
-        answer, _ = await _begin(http, a.url, question, upto=1)
-        whole = await _read_on(http, a.url, answer, None)
+        answer, _ = await begin(http, a.url, question, upto=1)
+        whole = await read_on(http, a.url, answer, None)
         await a.proxy.answers.settled()
         # The same answer under another id, its log with one entry twice.
         twin = answer[:-4] + ("0000" if not answer.endswith("0000") else "1111")
@@ -564,9 +458,9 @@ async def test_a_write_that_landed_twice_is_read_once(redis_server: Any) -> None
             await r.xadd(log2, dict(e.field_values))
             if i == 1:
                 await r.xadd(log2, dict(e.field_values))
-        again = await _read_on(http, b.url, twin, None)
-        assert [_text(e) for e in again] == [_text(e) for e in whole]
-        assert "".join(_text(e) for e in again) == up.answer(
+        again = await read_on(http, b.url, twin, None)
+        assert [text_of(e) for e in again] == [text_of(e) for e in whole]
+        assert "".join(text_of(e) for e in again) == up.answer(
             [{"role": "user", "content": question}]
         )
 
@@ -576,7 +470,7 @@ async def test_an_answer_outlives_the_proxy_that_started_it(redis_server: Any) -
     its lease lapses and continues it from what was delivered — every answer exact, each
     asked of the upstream at most once plus one continuation."""
     async with Upstream(token_delay=0.03) as up:
-        config = _shared_config(up)
+        config = shared_config(up)
         questions = [f"Question {i}: how do rivers carve valleys?" for i in range(8)]
         firsts: dict[str, tuple[str, list[dict[str, Any]]]] = {}
         async with (
@@ -585,20 +479,20 @@ async def test_an_answer_outlives_the_proxy_that_started_it(redis_server: Any) -
         ):
             async with running(config, port=0, redis=redis_server.url) as a:
                 for q in questions:
-                    firsts[q] = await _begin(http, a.url, q, upto=4)
+                    firsts[q] = await begin(http, a.url, q, upto=4)
             # ``a`` has stopped: its answers' producers are gone, their leases lapse.
             got: dict[str, list[dict[str, Any]]] = {}
 
-            async def read_on(q: str) -> None:
+            async def read_one(q: str) -> None:
                 answer, first = firsts[q]
-                got[q] = first + await _read_on(http, b.url, answer, first[-1]["id"])
+                got[q] = first + await read_on(http, b.url, answer, first[-1]["id"])
 
             async with anyio.create_task_group() as tg:
                 for q in questions:
-                    tg.start_soon(read_on, q)
+                    tg.start_soon(read_one, q)
             for q, every in got.items():
-                _exact(every, up.answer([{"role": "user", "content": q}]))
-                assert _asked(up, q) <= 2
+                assert_exact(every, up.answer([{"role": "user", "content": q}]))
+                assert asked(up, q) <= 2
 
 
 async def test_answers_survive_their_proxy_killed_with_sigkill(
@@ -653,7 +547,7 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
                     ) as r:
                         answer = r.headers["x-streamres-answer"]
                         try:
-                            async for ev in _events(r):
+                            async for ev in sse_events(r):
                                 events.append(ev)
                                 if len(events) == 4:
                                     reading += 1
@@ -662,7 +556,7 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
                         except httpx.HTTPError:
                             pass  # the proxy died under it
                     await killed.wait()
-                    got[q] = events + await _read_on(http, b_url, answer, events[-1]["id"])
+                    got[q] = events + await read_on(http, b_url, answer, events[-1]["id"])
 
                 async with anyio.create_task_group() as tg:
                     for q in questions:
@@ -674,8 +568,8 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
                     killed.set()
             for q in questions:
                 every = got[q]
-                _exact(every, up.answer([{"role": "user", "content": q}]))
-                assert _asked(up, q) <= 2
+                assert_exact(every, up.answer([{"role": "user", "content": q}]))
+                assert asked(up, q) <= 2
         finally:
             for process in (a, b):
                 if process.returncode is None:
@@ -686,8 +580,8 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
 async def test_stop_through_another_proxy_stops_the_answer(redis_server: Any) -> None:
     """Stop pressed on a page served by another process: the process producing the answer
     closes its upstream, and both see the answer ``cancelled`` with its partial."""
-    async with Upstream(token_delay=0.05) as up, _two_proxies(up, redis_server.url) as (a, b, http):
-        answer, _ = await _begin(http, a.url, Q[0]["content"], upto=3)
+    async with Upstream(token_delay=0.05) as up, two_proxies(up, redis_server.url) as (a, b, http):
+        answer, _ = await begin(http, a.url, Q[0]["content"], upto=3)
         stopped = await http.post(f"{b.url}/v1/answers/{answer}/stop")
         assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
         with anyio.fail_after(5):
@@ -713,7 +607,7 @@ async def test_served_without_a_lifespan_answers_still_run() -> None:
                     "/v1/chat/completions", json={"model": "m", "messages": Q, "stream": True}
                 )
                 events = [e for e in r.text.split("\n\n") if e.startswith("id: ")]
-                text = "".join(_text({"data": e.split("data: ", 1)[1]}) for e in events)
+                text = "".join(text_of({"data": e.split("data: ", 1)[1]}) for e in events)
                 assert text == up.answer(Q)
                 r = await http.post(
                     "/v1/responses",
