@@ -311,6 +311,7 @@ async def test_a_producer_stalled_past_its_lease_stands_down(
             questions = [f"Question {i}: why does ice float on water?" for i in range(6)]
             on_a: dict[str, list[dict[str, Any]]] = {}
             on_b: dict[str, list[dict[str, Any]]] = {}
+            ids: dict[str, str] = {}
             started = 0
             all_started = anyio.Event()
             async with httpx.AsyncClient(timeout=90) as http:
@@ -320,7 +321,7 @@ async def test_a_producer_stalled_past_its_lease_stands_down(
                     body = {"model": "m", "messages": _question(q), "stream": True}
                     events: list[dict[str, Any]] = []
                     async with http.stream("POST", a_url + "/v1/chat/completions", json=body) as r:
-                        answer = r.headers["x-streamres-answer"]
+                        answer = ids[q] = r.headers["x-streamres-answer"]
                         async with anyio.create_task_group() as tg:
 
                             async def also_on_b() -> None:
@@ -348,6 +349,15 @@ async def test_a_producer_stalled_past_its_lease_stands_down(
                 assert_exact(on_a[q], whole)
                 assert_exact(on_b[q], whole)
                 assert asked(up, q) <= 2
+                # One writer at a time: each entry of the answer's log begins where the one
+                # before it ended (two producers would each write on from their own count).
+                async with connected(redis_server.url) as redis:
+                    (log,) = [k for k in await redis.keys(f"*{ids[q]}*") if k.endswith(b":log")]
+                    entries = [dict(e.field_values) for e in await redis.xrange(log)]
+                at = 0
+                for entry in entries:
+                    assert int(entry[b"at"]) == at, (q, entries)
+                    at += len(json.loads(entry[b"e"]))
         finally:
             for process in (a, b):
                 if process.returncode is None:
