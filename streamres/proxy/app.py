@@ -127,6 +127,33 @@ class _ClientState:
     updated: float = 0.0
 
 
+class Slot:
+    """One of a client key's answers in flight, given back once (``give_back``): by the
+    request — or, handed over to a held answer, when that answer stops running."""
+
+    def __init__(
+        self,
+        state: _ClientState | None = None,
+        quota: FleetQuota | None = None,
+        lease: str | None = None,
+    ) -> None:
+        self.state, self.quota, self.lease = state, quota, lease
+
+    def hand_over(self) -> Slot:
+        """This slot's count, moved to a new one (this one then gives nothing back)."""
+        moved = Slot(self.state, self.quota, self.lease)
+        self.state = None
+        return moved
+
+    async def give_back(self) -> None:
+        state, self.state = self.state, None
+        if state is None:
+            return
+        if self.lease is not None and self.quota is not None:
+            await self.quota.leave(state.key.name, self.lease)
+        state.in_flight -= 1  # after the fleet's count: this one is the last word
+
+
 class Proxy:
     """ASGI app: ``Proxy(client, config)`` (the client entered by whoever runs the server)."""
 
@@ -210,14 +237,14 @@ class Proxy:
         state: _ClientState | None = None
         served: list[Any] = [scope["path"], "", 0]
         self.requests.append(served)
-        lease: str | None = None
         try:
-            state, lease = await self._admit(headers)
+            state, slot = await self._admit(headers)
         except _Refused as exc:
             served[2] = exc.status
             await _error(send, api, exc.status, str(exc), exc.retry_after)
             return
         try:  # from here on, however the request ends, its key's in-flight count goes back
+            # (a held answer takes it: it goes back when the answer stops running)
             try:
                 call = parse(api, await _body(receive, self.config.server))
                 chain = self.config.models.get(call.model)
@@ -252,13 +279,10 @@ class Proxy:
             parent = _caller_trace(headers)
             owner = state.key.name if state is not None else None
             await self._run(
-                call, chain, writer, receive, send, served, tenant, priority, parent, owner
+                call, chain, writer, receive, send, served, tenant, priority, parent, owner, slot
             )
         finally:
-            if state is not None:
-                if lease is not None and self._quota is not None:
-                    await self._quota.leave(state.key.name, lease)
-                state.in_flight -= 1  # after the fleet's count: this one is the last word
+            await slot.give_back()
 
     def _fleet_quota(self) -> FleetQuota | None:
         """Client keys' limits in Redis, when the proxy shares state (``--redis``)."""
@@ -268,19 +292,24 @@ class Proxy:
             self._quota = FleetQuota(shared, lease)
         return self._quota
 
-    async def _admit(self, headers: dict[str, str]) -> tuple[_ClientState | None, str | None]:
-        """The client's key and limits (when keys are configured): its state and, with shared
-        state, its lease in Redis — or refused."""
+    async def _admit(self, headers: dict[str, str]) -> tuple[_ClientState | None, Slot]:
+        """The client's key and limits (when keys are configured): its state and the slot it
+        takes in its key's answers in flight — or refused."""
         if not self.clients:
-            return None, None
+            return None, Slot()
         state = self._client_of(headers)
+        return state, await self._slot(state)
+
+    async def _slot(self, state: _ClientState) -> Slot:
+        """One of the key's answers in flight (with shared state, its lease in Redis too), or
+        refused."""
         key = state.key
         quota = self._fleet_quota() if key.max_in_flight or key.requests_per_minute else None
         if quota is not None:
             got = await quota.admit(key.name, key.max_in_flight, key.requests_per_minute)
             if isinstance(got, str):
                 state.in_flight += 1
-                return state, got
+                return Slot(state, quota, got)
             if got is not None:
                 kind, wait = got
                 raise _Refused(
@@ -307,7 +336,7 @@ class Proxy:
                 )
             state.tokens -= 1.0
         state.in_flight += 1
-        return state, None
+        return Slot(state)
 
     async def _run(
         self,
@@ -321,6 +350,7 @@ class Proxy:
         priority: int,
         parent: Any = None,
         owner: str | None = None,
+        slot: Slot | None = None,
     ) -> None:
         """Stream (or collect) the answer; ``served[2]``: the HTTP status sent; ``tenant``: the
         client key whose answers it may share; ``priority``: its lane for slots; ``parent``:
@@ -333,6 +363,8 @@ class Proxy:
         if call.stream or call.background:
             deadline_at = anyio.current_time() + self.config.deadline
             held = Held(writer, call, owner, chain, kwargs, tenant, deadline_at, parent)
+            if slot is not None:
+                held.slot = slot.hand_over()  # counted until the answer stops running
             self.answers.start(held)
             if not call.stream and self.answers.tasks is None:
                 # Served without the proxy's task group (no ASGI lifespan): nothing would run
@@ -455,6 +487,13 @@ class Proxy:
             await _json(send, 200, held.snapshot() if responses else _state(held))
             return
         try:
+            if held.readers >= self.config.answers.max_readers:
+                raise _Refused(
+                    429,
+                    f"this answer has {held.readers} readers already "
+                    f"(at most {self.config.answers.max_readers} at once)",
+                    1.0,
+                )
             name, after = _after(
                 query.get("starting_after") if responses else None,
                 headers.get("last-event-id") or query.get("after"),
@@ -471,8 +510,11 @@ class Proxy:
                     f"{name} {after} is past this answer's last event ({held.last_number}): "
                     "its numbers come from the answer's own events",
                 )
+            if held.parked and not held.log.ended and held.slot is None and self.clients:
+                # Read again, it runs again: one of its key's answers in flight.
+                held.slot = await self._slot(self._client_of(headers))
         except _Refused as exc:
-            await _error(send, api, exc.status, exc.message, None)
+            await _error(send, api, exc.status, exc.message, exc.retry_after)
             return
         served = [scope["path"], held.call.model, 0]
         # A browser's EventSource sends Last-Event-ID, and comes again after a 200 that ends.

@@ -165,20 +165,23 @@ class HoldLimits:
     """``[answers]`` in ``routes.toml``: how long an answer keeps running for a reader that
     went (``hold``, seconds; 0 closes the upstream at once, the partial still kept for a
     resume), how long an ended or parked answer is kept to be read again (``keep``), and how
-    many answers are held at once (``max_answers``)."""
+    many answers are held at once (``max_answers``), and how many readers one answer may have
+    at once (``max_readers``: each is sent the whole answer; a person's tabs, not a crowd)."""
 
     hold: float = 20.0
     keep: float = 600.0
     max_answers: int = 10_000
+    max_readers: int = 8
 
     def __post_init__(self) -> None:
         for name in ("hold", "keep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"answers.{name} must be a number of seconds >= 0, not {value!r}")
-        m = self.max_answers
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"answers.max_answers must be an integer >= 1, not {m!r}")
+        for name in ("max_answers", "max_readers"):
+            m = getattr(self, name)
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+                raise ValueError(f"answers.{name} must be an integer >= 1, not {m!r}")
 
 
 @dataclass

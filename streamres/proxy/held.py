@@ -103,6 +103,8 @@ class Held:
     entry: str = "0"
     #: Library events in the answer's log in Redis: written (its producer), applied (a shadow).
     logged: int = 0
+    #: Its client key's slot in flight (``Slot``), given back when it stops running.
+    slot: Any = None
     #: This process wrote the answer's end to Redis (it writes it again if Redis loses it).
     written: bool = False
     #: Another process took the answer on (this one stalled past its lease): this copy stops,
@@ -477,6 +479,7 @@ class Answers:
             finally:
                 held._scope = None
         if held.lost:  # another process produces it now (``_stand_down``)
+            await self._give_back(held)
             return
         if held.log.ended:
             held.ended_at = self.clock()
@@ -489,6 +492,15 @@ class Answers:
         else:  # cancelled without a stop: parked (its hold passed) — or the proxy stops
             held.parked = True
             held.ended_at = self.clock()
+        if held.log.ended or held.parked:
+            await self._give_back(held)
+
+    async def _give_back(self, held: Held) -> None:
+        """It stopped running: its key's slot goes back (shielded: a stop still counts)."""
+        slot, held.slot = held.slot, None
+        if slot is not None:
+            with anyio.CancelScope(shield=True):
+                await slot.give_back()
 
     def _park(self, held: Held) -> None:
         if held._scope is not None:
@@ -504,6 +516,7 @@ class Answers:
         shared log's word (another process may have continued it meanwhile, or have it now:
         then follow that one)."""
         if self.shared is not None and held.writes and not await self._take_on(held):
+            await self._give_back(held)  # it ended, or runs elsewhere
             return
         await self._produce(held)
 
