@@ -37,6 +37,7 @@ import base64
 import collections
 import hmac
 import inspect
+import ipaddress
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -58,7 +59,7 @@ from streamres.proxy.chat_page import CHAT_HTML
 from streamres.proxy.config import ClientKey, Config, ServerLimits
 from streamres.proxy.held import Answers, Held, within
 from streamres.proxy.inbound import API, BadRequest, Call, parse
-from streamres.proxy.outbound import PREFIXES, Writer, error_body
+from streamres.proxy.outbound import PREFIXES, Writer, error_body, without_urls
 from streamres.proxy.quota import FleetQuota
 
 __all__ = ["Proxy"]
@@ -178,6 +179,10 @@ class Proxy:
             return
         if scope["type"] != "http":
             return
+        refused = None if self.clients else self._not_private(scope)
+        if refused is not None:
+            await _json(send, 403, {"error": {"message": refused, "type": "forbidden"}})
+            return
         path, method = scope["path"], scope["method"]
         if method == "POST" and path in _APIS:
             await self._answer(_APIS[path], scope, receive, send)
@@ -208,6 +213,32 @@ class Proxy:
             await _respond(send, 200, CHAT_HTML.encode(), "text/html; charset=utf-8")
         else:
             await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
+
+    def _not_private(self, scope: Scope) -> str | None:
+        """Without client keys, why this request is not one for a private proxy (``None``:
+        it is): reached on a loopback address under another host name (a DNS name rebound
+        to 127.0.0.1), or sent by a web page of another origin."""
+        limits = self.config.server
+        headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1")
+        server = scope.get("server") or ("", 0)
+        if "*" not in limits.allowed_hosts and _loopback(str(server[0])):
+            name = _hostname(host)
+            if not (_loopback(name) or name in limits.allowed_hosts):
+                return (
+                    f"Host {host!r} is not this proxy's: without client keys it answers only "
+                    "its loopback names (allow more with [server] allowed_hosts)"
+                )
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        if not origin or "*" in limits.allowed_origins or origin in limits.allowed_origins:
+            return None
+        scheme = scope.get("scheme", "http")
+        if origin != f"{scheme}://{host}":
+            return (
+                f"a web page of {origin!r} may not use this proxy: without client keys it "
+                "answers only its own pages (allow origins with [server] allowed_origins)"
+            )
+        return None
 
     def _operator(self, scope: Scope) -> bool:
         """May this request see the health pages and metrics? Always without client keys (a
@@ -603,7 +634,8 @@ class Proxy:
                         await out(writer.status(ev))
                     else:
                         pending.append(writer.status(ev))
-        except streamres.StreamError as exc:
+        except streamres.StreamError as error:
+            exc = without_urls(error, self.client.routes)
             if started:
                 await out(writer.failed(exc))
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -813,6 +845,23 @@ async def _body(receive: Receive, limits: ServerLimits) -> bytes:
             if not message.get("more_body"):
                 return b"".join(parts)
     raise _Refused(408, f"the request body took over {limits.body_timeout:g} s to arrive")
+
+
+def _hostname(host: str) -> str:
+    """The name in a ``Host`` header (without its port; an IPv6 address without brackets)."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _loopback(name: str) -> bool:
+    name = name.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 async def _start(

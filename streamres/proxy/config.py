@@ -140,8 +140,22 @@ class ServerLimits:
     #: that is taken as leaving: a FIN cannot be told from a close, and a close frees the
     #: answer's upstream stream and slots at once).
     half_close: bool = False
+    #: Without client keys the proxy is private: a request that reached it on a loopback
+    #: address must name a loopback host (``Host``), and a browser's request must come from
+    #: the proxy's own origin (``Origin``) — so no web page, by a cross-origin POST or a DNS
+    #: name rebound to 127.0.0.1, can start answers on the operator's upstream keys. These
+    #: open it further: more host names, more origins (``["*"]``: any).
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("allowed_hosts", "allowed_origins"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                value = tuple(value)
+                object.__setattr__(self, name, value)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"server.{name} must be a list of strings, not {value!r}")
         for name, low in (
             ("connections", 1),
             ("header_bytes", 1024),

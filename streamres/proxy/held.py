@@ -44,7 +44,7 @@ import streamres
 from streamres._shell.apps import log
 from streamres.proxy.config import HoldLimits
 from streamres.proxy.inbound import Call
-from streamres.proxy.outbound import Writer, answer_usage, responses_usage
+from streamres.proxy.outbound import Writer, answer_usage, responses_usage, without_urls
 from streamres.proxy.shared_answers import (
     FLUSH,
     LEASE_MS,
@@ -466,7 +466,7 @@ class Answers:
                     async for ev in events:
                         held.add(ev)
             except streamres.StreamError as exc:
-                held.fail(exc)
+                held.fail(without_urls(exc, self.client.routes))
             except anyio.get_cancelled_exc_class():
                 raise
             except Exception as exc:  # a bug of the proxy's: this answer ends, the rest run

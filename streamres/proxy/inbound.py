@@ -9,6 +9,7 @@ the parameters passed through to the upstream.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -71,11 +72,27 @@ def parse(api: API, raw: bytes) -> Call:
         raise BadRequest("the request body is nested too deeply to be a request") from None
 
 
+#: An escaped surrogate in a body (a pair's half; alone it is no text).
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _parse(api: API, raw: bytes) -> Call:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_a_number)
     except ValueError as exc:
         raise BadRequest(f"the request body is not JSON ({exc})") from exc
+    try:  # a lone surrogate (an escaped half of a pair) is no text: no upstream takes it
+        if _SURROGATE.search(raw):
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(
+            "the request body holds a lone surrogate (\\ud800–\\udfff without its pair): "
+            "text must be valid Unicode"
+        ) from None
     if not isinstance(body, Mapping):
         raise BadRequest("the request body must be a JSON object")
     model = body.get("model")

@@ -14,12 +14,16 @@ exactly the events after it (``held``).
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
-from streamres import DoneEvent, StreamError, ToolCallEvent
+from streamres import DoneEvent, Route, StreamError, ToolCallEvent
 from streamres.proxy.inbound import API, Call
 
 __all__ = ["PREFIXES", "Writer", "answer_usage", "error_body", "responses_usage"]
@@ -563,3 +567,19 @@ def _args(text: str) -> Any:
         return json.loads(text) if text else {}
     except ValueError:
         return {}
+
+
+def without_urls(exc: StreamError, routes: Sequence[Route]) -> StreamError:
+    """``exc`` as a client of the proxy may read it: each route's server named by the route,
+    never by its URL (an operator's address is the operator's; the log keeps it)."""
+    message = exc.message
+    for route in routes:
+        parts = urlsplit(str(route.base_url))
+        origin = f"{parts.scheme!s}://{parts.netloc!s}"
+        if parts.netloc and origin in message:
+            message = re.sub(re.escape(origin) + r"[^\s'\"),;]*", f"route {route.key!r}", message)
+    if message == exc.message:
+        return exc
+    public = copy.copy(exc)
+    public.message, public.args = message, (message,)
+    return public
