@@ -430,7 +430,8 @@ class Proxy:
     ) -> None:
         """Send ``held``'s events after number ``after``, then each new one, to its end: the
         response head with the first of them (so an answer that fails before any text is
-        still answered with a real status). A reader that already has the whole answer gets
+        still answered with a real status; a client of status events gets it at once, and a
+        failure in-band). A reader that already has the whole answer gets
         a clean empty end, with status ``at_end`` (204 tells a browser's ``EventSource`` not
         to come again). The client going ends the reading, not the answer (``held``)."""
         head = [(b"x-streamres-answer", held.id.encode())]
@@ -440,6 +441,11 @@ class Proxy:
             with answers.reading(held):
                 if not held.producing and not held.log.ended and answers.tasks is None:
                     tg.start_soon(answers.produce_here, held)  # no task group: made here
+                if held.writer.status_events and not served[2]:
+                    # A client of status events is told of waits in-band: its head (with
+                    # the answer's id) at once, so a reload during a wait finds the answer.
+                    served[2] = 200
+                    await _start(send, 200, "text/event-stream", head)
                 try:
                     async for data in answers.follow(held, after):
                         if not served[2]:

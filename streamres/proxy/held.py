@@ -190,7 +190,8 @@ class Held:
     def add(self, ev: streamres.Event) -> None:
         """An event of the answer: encoded, kept, logged (which wakes the readers)."""
         w = self.writer
-        if ev.type not in ("text", "thinking", "tool_call", "done") and not self.started:
+        content = ev.type in ("text", "thinking", "tool_call", "done")
+        if not content and not self.started and not w.status_events:
             self.pending.append(ev)  # status before any content: sent with the head
             self._out(ev, b"")
             self.log.append(ev)
@@ -231,8 +232,8 @@ class Held:
     def fail(self, exc: streamres.StreamError) -> None:
         """The answer gave up: an error event after its partial (or, before any text, the
         error its first reader answers with)."""
-        if self.started:
-            data = self.writer.failed(exc)
+        if self.started or self.writer.status_events:  # its readers have had the head
+            data = self._open() + self.writer.failed(exc)
             self._keep(data)
             self._out(None, data)
         self.status = "failed"

@@ -705,3 +705,32 @@ async def test_the_chat_page_in_everyday_use(width: int, height: int, tmp_path: 
     assert got["asked"] == got["draft"] and got["left"] == ""
     assert got["view"] == {"taller": True, "sendInView": True, "lastEndInView": True}
     assert got["stopped"] == {"flag": "true", "mark": "stopped"}
+
+
+async def test_a_reload_during_a_wait_finds_the_answer() -> None:
+    """The chat page asks for status events: its head, with the answer's id, comes at once —
+    before any text, while the first model says 529 and the proxy waits — the wait is told
+    in-band, and a reload during it finds the answer and reads it whole."""
+    async with Upstream(faults="529:retry-after=2", token_delay=0.01) as up:
+        config = parse({"routes": [{"name": "m", "model": "m", "base_url": up.openai_url}]}, {})
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+            body = {"model": "m", "messages": Q, "stream": True}
+            page = {"x-streamres-status": "events"}
+            async with http.stream(
+                "POST", run.url + "/v1/chat/completions", json=body, headers=page
+            ) as r:
+                assert r.status_code == 200
+                answer = r.headers["x-streamres-answer"]
+                assert len(up.requests) <= 1  # the head came before the answer (2 s on)
+                before: list[dict[str, Any]] = []
+                async for ev in sse_events(r):  # the answer's start, then the wait told
+                    before.append(ev)
+                    if ev["event"] == "streamres.status":
+                        break
+                assert json.loads(before[-1]["data"])["type"] == "retry"
+                assert "".join(text_of(e) for e in before) == ""
+                assert len(up.requests) == 1
+            # The page reloaded while the proxy waits: it reads the answer from the start.
+            again = await read_on(http, run.url, answer, None, **page)
+            assert "".join(text_of(e) for e in again) == up.answer(Q)
+            assert len(up.requests) == 2  # the 529, then the answer: nothing asked twice
