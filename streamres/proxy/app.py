@@ -57,7 +57,7 @@ from streamres._shell.apps import (
 from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.chat_page import CHAT_HTML
 from streamres.proxy.config import ClientKey, Config, ServerLimits
-from streamres.proxy.held import Answers, Held, within
+from streamres.proxy.held import Answers, Full, Held, within
 from streamres.proxy.inbound import API, BadRequest, Call, parse
 from streamres.proxy.outbound import PREFIXES, Writer, error_body, without_urls
 from streamres.proxy.quota import FleetQuota
@@ -396,7 +396,14 @@ class Proxy:
             held = Held(writer, call, owner, chain, kwargs, tenant, deadline_at, parent)
             if slot is not None:
                 held.slot = slot.hand_over()  # counted until the answer stops running
-            self.answers.start(held)
+            try:
+                self.answers.start(held)
+            except Full as exc:
+                if held.slot is not None:
+                    await held.slot.give_back()
+                served[2] = exc.status
+                await _error(send, call.api, exc.status, str(exc), 5.0)
+                return
             if not call.stream and self.answers.tasks is None:
                 # Served without the proxy's task group (no ASGI lifespan): nothing would run
                 # the answer once this request ended, so it runs in it.

@@ -186,13 +186,18 @@ class HoldLimits:
     keep: float = 600.0
     max_answers: int = 10_000
     max_readers: int = 8
+    #: Bytes of answers held in memory (as estimated: their events, encoded and not), in all
+    #: and per client key; past them, a key's own ended answers are forgotten first, and a
+    #: new answer that still does not fit is refused (the key's: 429; the proxy's: 503).
+    max_bytes: int = 512 * 2**20
+    max_bytes_per_key: int = 128 * 2**20
 
     def __post_init__(self) -> None:
         for name in ("hold", "keep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"answers.{name} must be a number of seconds >= 0, not {value!r}")
-        for name in ("max_answers", "max_readers"):
+        for name in ("max_answers", "max_readers", "max_bytes", "max_bytes_per_key"):
             m = getattr(self, name)
             if isinstance(m, bool) or not isinstance(m, int) or m < 1:
                 raise ValueError(f"answers.{name} must be an integer >= 1, not {m!r}")

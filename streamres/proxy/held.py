@@ -57,6 +57,19 @@ from streamres.proxy.shared_answers import (
 
 __all__ = ["Answers", "Held", "within"]
 
+#: An event's memory besides its encoding (a text event and its block's record, measured).
+EVENT_BYTES = 200
+
+
+class Full(Exception):
+    """No room for another answer: ``status`` 429 (the key's own bound) or 503 (the
+    proxy's)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 Status = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
@@ -136,6 +149,12 @@ class Held:
 
     def deadline_left(self) -> float:
         return self.deadline_at - anyio.current_time()
+
+    @property
+    def weight(self) -> int:
+        """Bytes it holds in memory, as estimated: its encoded events and, for each, the event
+        itself (measured: about 200 bytes an event besides its encoding)."""
+        return self.size + EVENT_BYTES * len(self.log.events)
 
     @property
     def last_number(self) -> int:
@@ -341,7 +360,7 @@ class Answers:
 
     @property
     def held_bytes(self) -> int:
-        return sum(h.size for h in self._held.values())
+        return sum(h.weight for h in self._held.values())
 
     # -- finding and starting -----------------------------------------------------------
 
@@ -353,8 +372,9 @@ class Answers:
         return held
 
     def start(self, held: Held) -> None:
-        """Hold ``held`` and start producing it (in the proxy's task group when it runs one)."""
-        self._forget_over()
+        """Hold ``held`` and start producing it (in the proxy's task group when it runs one);
+        :class:`Full` when there is no room for it."""
+        self._make_room(held.owner, refuse=True)
         self._held[held.id] = held
         if self.tasks is not None:
             if self.shared is not None:
@@ -754,7 +774,7 @@ class Answers:
             return None
         held.shadow = True
         await self._catch_up(held)  # what the log holds now, before any reader
-        self._forget_over()
+        self._make_room(owner, refuse=False)
         self._held[answer_id] = held
         if held.log.ended:
             held.ended_at = self.clock()
@@ -845,17 +865,43 @@ class Answers:
 
     # -- forgetting ---------------------------------------------------------------------
 
-    def _forget_over(self) -> None:
-        """Room for one more: past ``max_answers``, the longest-ended go first."""
-        over = len(self._held) + 1 - self.limits.max_answers
-        if over <= 0:
-            return
-        done = sorted(
-            (h for h in self._held.values() if h.ended_at is not None and not h.producing),
-            key=lambda h: h.ended_at or 0.0,
-        )
-        for h in done[:over]:
+    def _make_room(self, owner: str | None, *, refuse: bool) -> None:
+        """Room for one more answer of ``owner``'s (a client key's name). Past a bound —
+        ``max_answers``, ``max_bytes``, the key's ``max_bytes_per_key`` — the key's own
+        answers that stopped running go first, longest-ended first; another key's answer is
+        never forgotten for it before ``keep`` has passed. ``refuse``: :class:`Full` when
+        that is not room enough (a shadow of another process's answer is held all the
+        same: it is read now)."""
+        limits = self.limits
+        count, total, mine = len(self._held) + 1, 0, 0
+        own: list[Held] = []
+        for h in self._held.values():
+            weight = h.weight
+            total += weight
+            if h.owner == owner:
+                mine += weight
+                if h.ended_at is not None and not h.producing and not h.readers:
+                    own.append(h)
+        per_key = limits.max_bytes_per_key if owner is not None else limits.max_bytes
+        own.sort(key=lambda h: h.ended_at or 0.0)
+        for h in own:
+            if count <= limits.max_answers and total <= limits.max_bytes and mine <= per_key:
+                break
             del self._held[h.id]
+            count, total, mine = count - 1, total - h.weight, mine - h.weight
+        if count > limits.max_answers or total > limits.max_bytes:
+            self.sweep()  # others' past ``keep``
+            count, total = len(self._held) + 1, self.held_bytes
+        if not refuse:
+            return
+        if mine > per_key:
+            raise Full(
+                429,
+                f"{owner} holds {mine // 2**20} MiB of answers (at most "
+                f"{per_key // 2**20} MiB): read or stop one, or wait for one to end",
+            )
+        if count > limits.max_answers or total > limits.max_bytes:
+            raise Full(503, "the proxy holds all the answers it can now; try again shortly")
 
     def sweep(self, now: float | None = None) -> None:
         """Forget what ended (or was parked) over ``keep`` seconds ago and has no reader."""

@@ -13,7 +13,7 @@ import pytest
 from streamres.proxy.config import parse
 from streamres.proxy.serve import running
 from streamres.upstream import Upstream
-from tests.helpers.answers import Q, read_on, sse_events
+from tests.helpers.answers import Q, read_on, sse_events, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -150,3 +150,37 @@ async def _first(events: Any, n: int) -> Any:
         got += 1
         if got == n:
             return
+
+
+async def test_held_answers_are_bounded_in_bytes_and_one_key_cannot_evict_another() -> None:
+    """Key ``a`` floods the proxy with answers (each read to its end, kept for ``keep``): the
+    bytes held stay within ``max_bytes`` and ``a``'s within its ``max_bytes_per_key`` (its
+    own oldest answers forgotten first; past them by at most the answer running), while key
+    ``b``'s one answer is kept and read again whole."""
+    async with Upstream(token_delay=0, words=300, framing="event") as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url}],
+            "clients": [{"name": "a", "key_env": "A_KEY"}, {"name": "b", "key_env": "B_KEY"}],
+            "answers": {"max_bytes": 600_000, "max_bytes_per_key": 400_000},
+        }
+        config = parse(raw, {"A_KEY": "key-a", "B_KEY": "key-b"})
+        b_auth = {"authorization": "Bearer key-b"}
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+            answers = run.proxy.answers
+            body = {"model": "m", "messages": Q, "stream": True}
+            kept = await http.post(run.url + "/v1/chat/completions", json=body, headers=b_auth)
+            b_answer = kept.headers["x-streamres-answer"]
+            one = answers.find(b_answer, "b")
+            assert one is not None and 50_000 < one.weight < 200_000  # what the bounds assume
+            for i in range(30):
+                flood = {**body, "messages": [{"role": "user", "content": f"Question {i}?"}]}
+                r = await http.post(run.url + "/v1/chat/completions", json=flood, headers=AUTH)
+                assert r.status_code == 200, (i, r.text)
+                # Room is made before an answer starts: what held answers add after that is
+                # bounded by the answers running (here one at a time).
+                held = list(answers._held.values())
+                assert answers.held_bytes <= 600_000 + one.weight
+                assert sum(h.weight for h in held if h.owner == "a") <= 400_000 + one.weight
+            assert answers.find(b_answer, "b") is one
+            again = await read_on(http, run.url, b_answer, None, **b_auth)
+            assert "".join(text_of(e) for e in again) == up.answer(Q)
