@@ -385,3 +385,20 @@ async def test_ended_answers_are_written_again_after_redis_lost_them(redis_serve
             assert_exact(every, up.answer(_question(question)))
             async with connected(redis_server.url) as r:
                 assert await r.keys(f"*{answer}*")
+
+
+async def test_a_short_soak_of_replicas_knocked_about() -> None:
+    """``streamres bench replicas``, short and seeded: three proxies on one Redis, people
+    asking, dropping and reading on at random replicas while a replica is killed or stalled
+    and Redis restarted or paused — every answer exact, each log one writer at a time."""
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    from streamres.benchmarks.replicas import replicas
+
+    row = await replicas(seconds=25.0, people=6, seed=1)
+    assert row["answers"] >= 6
+    assert row["exact"] == row["answers"], row
+    assert row["one_writer_at_a_time"] == row["answers"], row
+    assert sum(v for k, v in row.items() if k.startswith("knock_")) >= 1, row
