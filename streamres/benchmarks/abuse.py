@@ -159,7 +159,7 @@ async def _idle_and_slow(url: str, count: int, row: dict[str, Any]) -> None:
         with contextlib.suppress(TimeoutError, OSError):
             async with await anyio.connect_tcp(host, int(port)) as conn:
                 if slow:
-                    await conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+                    await conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n")
                 with anyio.fail_after(30):  # not closed within 30 s: not counted
                     i = 0
                     try:
@@ -186,7 +186,7 @@ async def _stopped_readers(url: str, count: int, wait: float, row: dict[str, Any
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"model": "m", "messages": Q, "stream": True}).encode()
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
         b"content-length: %d\r\n\r\n" % len(body)
     ) + body
     cut = 0

@@ -73,6 +73,10 @@ class _Redis:
             self.proc = None
 
 
+def _appending(path: Path) -> Any:
+    return path.open("ab")
+
+
 async def _listening(port: int) -> None:
     with anyio.fail_after(30):
         while True:
@@ -88,15 +92,21 @@ async def _listening(port: int) -> None:
 class _Replica:
     """``streamres proxy`` in a child process, on a port it keeps across restarts."""
 
-    def __init__(self, config: Path, redis: str) -> None:
+    def __init__(self, config: Path, redis: str, logs: Path | None) -> None:
         self.config, self.redis, self.port = config, redis, _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: Any = None
+        self.logs = logs
 
     async def start(self) -> None:
         command = [sys.executable, "-m", "streamres", "proxy", "--port", str(self.port)]
         command += ["--config", str(self.config), "--redis", self.redis]
-        self.proc = await anyio.open_process(command, stderr=subprocess.DEVNULL)
+        if self.logs is None:
+            self.proc = await anyio.open_process(command, stderr=subprocess.DEVNULL)
+        else:
+            with _appending(self.logs / f"replica-{self.port}.log") as log:
+                command.insert(3, "-v")  # the library's logs, on stderr
+                self.proc = await anyio.open_process(command, stderr=log)
         await _listening(self.port)
 
     async def kill(self) -> None:
@@ -116,6 +126,9 @@ class _Person:
     events: list[dict[str, Any]] = field(default_factory=list)
     #: The answer's id (``x-streamres-answer``).
     id: str = ""
+    #: The last refusals it was told (status and words), and whether it gave up waiting.
+    refusals: list[str] = field(default_factory=list)
+    gave_up: bool = False
     moves: int = 0
 
 
@@ -141,8 +154,10 @@ def _text(events: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
-async def replicas(seconds: float, people: int, seed: int) -> dict[str, Any]:
-    """The soak (see the module); its figures."""
+async def replicas(
+    seconds: float, people: int, seed: int, logs: Path | None = None
+) -> dict[str, Any]:
+    """The soak (see the module); its figures. ``logs``: where the replicas' logs go."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit(
@@ -162,7 +177,7 @@ async def replicas(seconds: float, people: int, seed: int) -> dict[str, Any]:
                 "[answers]\nhold = 2\n",
                 encoding="utf-8",
             )
-            fleet = [_Replica(config, redis.url) for _ in range(3)]
+            fleet = [_Replica(config, redis.url, logs) for _ in range(3)]
             for replica in fleet:
                 await replica.start()
             try:
@@ -175,7 +190,10 @@ async def replicas(seconds: float, people: int, seed: int) -> dict[str, Any]:
                             q = f"Person {i}, question {n}: why do tides rise and fall?"
                             p = _Person(q, up.answer([{"role": "user", "content": q}]))
                             n += 1
-                            await _converse(http, fleet, p, random.Random(rng.random()))
+                            try:
+                                await _converse(http, fleet, p, random.Random(rng.random()))
+                            except TimeoutError:
+                                p.gave_up = True
                             done.append(p)
 
                     async def knock() -> None:
@@ -215,11 +233,13 @@ def _wrong(p: _Person) -> dict[str, Any] | None:
     """What is wrong with what ``p`` read (``None``: exact)."""
     numbers = [int(e["id"]) for e in p.events]
     text = _text(p.events)
-    if text == p.answer and numbers == list(range(len(numbers))):
+    if text == p.answer and numbers == list(range(len(numbers))) and not p.gave_up:
         return None
     at = next((i for i, (a, b) in enumerate(zip(text, p.answer, strict=False)) if a != b), None)
     return {
         "answer": p.id,
+        "gave_up": p.gave_up,
+        "refusals": p.refusals[-3:],
         "numbers": numbers if numbers != list(range(len(numbers))) else "in order",
         "differs_at": at if at is not None else min(len(text), len(p.answer)),
         "read": text[-80:],
@@ -240,7 +260,7 @@ async def _converse(
             try:
                 async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
                     if r.status_code != 200:
-                        await r.aread()
+                        p.refusals.append(f"{r.status_code} {(await r.aread())[:200]!r}")
                         await anyio.sleep(0.5)
                         continue
                     answer = p.id = r.headers["x-streamres-answer"]
@@ -260,10 +280,11 @@ async def _converse(
                     if r.status_code == 204:
                         return
                     if r.status_code != 200:  # 503 while shared state settles: again
-                        await r.aread()
+                        p.refusals.append(f"{r.status_code} {(await r.aread())[:200]!r}")
                         continue
                     await _read(r, p, rng.choice([rng.randint(1, 12), 10_000]))
-            except httpx.HTTPError:
+            except httpx.HTTPError as exc:
+                p.refusals.append(f"{type(exc).__name__}")
                 continue
             ended = bool(p.events) and p.events[-1]["data"] == "[DONE]"
 
@@ -328,8 +349,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--people", type=int, default=12, help="people asking at once")
     p.add_argument("--seed", type=int, default=1, help="the knocks' and people's dice")
     p.add_argument("--json", metavar="PATH", help="also write the row as JSON")
+    p.add_argument("--logs", metavar="DIR", help="keep the replicas' logs (-v) there")
     args = p.parse_args(argv)
-    row = anyio.run(replicas, args.seconds, args.people, args.seed)
+    logs = Path(args.logs) if args.logs else None
+    row = anyio.run(replicas, args.seconds, args.people, args.seed, logs)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(row, f, indent=1)

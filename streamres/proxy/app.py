@@ -37,11 +37,9 @@ import base64
 import collections
 import hmac
 import inspect
-import ipaddress
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -54,13 +52,14 @@ from streamres._shell.apps import (
     otel_installed,
     parse_priority,
 )
+from streamres.proxy.admission import Admission, ClientState, Refused, Slot, not_private
+from streamres.proxy.answer import Full, Held
 from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.chat_page import CHAT_HTML
-from streamres.proxy.config import ClientKey, Config, ServerLimits
-from streamres.proxy.held import Answers, Full, Held, within
+from streamres.proxy.config import Config, ServerLimits
+from streamres.proxy.held import Answers, within
 from streamres.proxy.inbound import API, BadRequest, Call, parse
 from streamres.proxy.outbound import PREFIXES, Writer, error_body, without_urls
-from streamres.proxy.quota import FleetQuota
 
 __all__ = ["Proxy"]
 
@@ -100,7 +99,7 @@ def _caller_trace(headers: dict[str, str]) -> Any:
     return propagate.extract(headers)
 
 
-def _priority(headers: dict[str, str], state: _ClientState | None) -> int:
+def _priority(headers: dict[str, str], state: ClientState | None) -> int:
     """The request's lane: its client key's, or lower if ``x-streamres-priority`` asks (a
     header never lifts a request above its key's lane)."""
     ceiling = state.key.priority if state is not None else NORMAL
@@ -110,49 +109,8 @@ def _priority(headers: dict[str, str], state: _ClientState | None) -> int:
     try:
         wanted = parse_priority(asked)
     except ValueError as exc:
-        raise _Refused(400, f"x-streamres-priority: {exc}") from None
+        raise Refused(400, f"x-streamres-priority: {exc}") from None
     return wanted if state is None else min(wanted, ceiling)
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.retry_after = status, message, retry_after
-
-
-@dataclass
-class _ClientState:
-    key: ClientKey
-    in_flight: int = 0
-    tokens: float = 0.0
-    updated: float = 0.0
-
-
-class Slot:
-    """One of a client key's answers in flight, given back once (``give_back``): by the
-    request — or, handed over to a held answer, when that answer stops running."""
-
-    def __init__(
-        self,
-        state: _ClientState | None = None,
-        quota: FleetQuota | None = None,
-        lease: str | None = None,
-    ) -> None:
-        self.state, self.quota, self.lease = state, quota, lease
-
-    def hand_over(self) -> Slot:
-        """This slot's count, moved to a new one (this one then gives nothing back)."""
-        moved = Slot(self.state, self.quota, self.lease)
-        self.state = None
-        return moved
-
-    async def give_back(self) -> None:
-        state, self.state = self.state, None
-        if state is None:
-            return
-        if self.lease is not None and self.quota is not None:
-            await self.quota.leave(state.key.name, self.lease)
-        state.in_flight -= 1  # after the fleet's count: this one is the last word
 
 
 class Proxy:
@@ -161,14 +119,13 @@ class Proxy:
     def __init__(self, client: streamres.Client, config: Config) -> None:
         self.client = client
         self.config = config
-        self.clients = [
-            _ClientState(c, tokens=float(c.requests_per_minute or 0)) for c in config.clients
-        ]
+        #: Client keys and their limits (none: a private proxy).
+        self.admission = Admission(client, config)
+        self.clients = self.admission.clients
         #: [path, model, status] of the last ``REQUESTS_KEPT`` answer requests, in the order
         #: they came (the status is 0 until it is sent).
         self.requests: collections.deque[list[Any]] = collections.deque(maxlen=REQUESTS_KEPT)
         self._metrics: Any = None
-        self._quota: FleetQuota | None = None
         #: Streamed answers, held for readers that go and come back (``held``).
         self.answers = Answers(client, config.answers)
 
@@ -179,7 +136,7 @@ class Proxy:
             return
         if scope["type"] != "http":
             return
-        refused = None if self.clients else self._not_private(scope)
+        refused = None if self.clients else not_private(scope, self.config.server)
         if refused is not None:
             await _json(send, 403, {"error": {"message": refused, "type": "forbidden"}})
             return
@@ -214,32 +171,6 @@ class Proxy:
         else:
             await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
 
-    def _not_private(self, scope: Scope) -> str | None:
-        """Without client keys, why this request is not one for a private proxy (``None``:
-        it is): reached on a loopback address under another host name (a DNS name rebound
-        to 127.0.0.1), or sent by a web page of another origin."""
-        limits = self.config.server
-        headers = dict(scope["headers"])
-        host = headers.get(b"host", b"").decode("latin-1")
-        server = scope.get("server") or ("", 0)
-        if "*" not in limits.allowed_hosts and _loopback(str(server[0])):
-            name = _hostname(host)
-            if not (_loopback(name) or name in limits.allowed_hosts):
-                return (
-                    f"Host {host!r} is not this proxy's: without client keys it answers only "
-                    "its loopback names (allow more with [server] allowed_hosts)"
-                )
-        origin = headers.get(b"origin", b"").decode("latin-1")
-        if not origin or "*" in limits.allowed_origins or origin in limits.allowed_origins:
-            return None
-        scheme = scope.get("scheme", "http")
-        if origin != f"{scheme}://{host}":
-            return (
-                f"a web page of {origin!r} may not use this proxy: without client keys it "
-                "answers only its own pages (allow origins with [server] allowed_origins)"
-            )
-        return None
-
     def _operator(self, scope: Scope) -> bool:
         """May this request see the health pages and metrics? Always without client keys (a
         private proxy) or with ``public_health``; else with the operator key, as a bearer
@@ -265,12 +196,12 @@ class Proxy:
 
     async def _answer(self, api: API, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        state: _ClientState | None = None
+        state: ClientState | None = None
         served: list[Any] = [scope["path"], "", 0]
         self.requests.append(served)
         try:
-            state, slot = await self._admit(headers)
-        except _Refused as exc:
+            state, slot = await self.admission.admit(headers)
+        except Refused as exc:
             served[2] = exc.status
             await _error(send, api, exc.status, str(exc), exc.retry_after)
             return
@@ -280,7 +211,7 @@ class Proxy:
                 call = parse(api, await _body(receive, self.config.server))
                 chain = self.config.models.get(call.model)
                 if chain is None:
-                    raise _Refused(
+                    raise Refused(
                         404,
                         f"the model {call.model!r} does not exist here; "
                         f"GET /v1/models lists {sorted(self.config.models)}",
@@ -291,12 +222,12 @@ class Proxy:
                     # Not fields of the API: names of the library's own arguments (a deadline,
                     # headers, a cache scope, a lane), which are the operator's, never a
                     # client's to set through the body.
-                    raise _Refused(
+                    raise Refused(
                         400, f"{own[0]!r} is not a field of this API; the proxy sets it itself"
                     )
-            except (_Refused, BadRequest) as exc:
-                status = exc.status if isinstance(exc, _Refused) else 400
-                retry = exc.retry_after if isinstance(exc, _Refused) else None
+            except (Refused, BadRequest) as exc:
+                status = exc.status if isinstance(exc, Refused) else 400
+                retry = exc.retry_after if isinstance(exc, Refused) else None
                 served[2] = status
                 await _error(send, api, status, str(exc), retry)
                 return
@@ -314,60 +245,6 @@ class Proxy:
             )
         finally:
             await slot.give_back()
-
-    def _fleet_quota(self) -> FleetQuota | None:
-        """Client keys' limits in Redis, when the proxy shares state (``--redis``)."""
-        shared = self.client._shared_state
-        if self._quota is None and shared is not None:
-            lease = self.config.deadline + self.config.server.write_timeout + 30.0
-            self._quota = FleetQuota(shared, lease)
-        return self._quota
-
-    async def _admit(self, headers: dict[str, str]) -> tuple[_ClientState | None, Slot]:
-        """The client's key and limits (when keys are configured): its state and the slot it
-        takes in its key's answers in flight — or refused."""
-        if not self.clients:
-            return None, Slot()
-        state = self._client_of(headers)
-        return state, await self._slot(state)
-
-    async def _slot(self, state: _ClientState) -> Slot:
-        """One of the key's answers in flight (with shared state, its lease in Redis too), or
-        refused."""
-        key = state.key
-        quota = self._fleet_quota() if key.max_in_flight or key.requests_per_minute else None
-        if quota is not None:
-            got = await quota.admit(key.name, key.max_in_flight, key.requests_per_minute)
-            if isinstance(got, str):
-                state.in_flight += 1
-                return Slot(state, quota, got)
-            if got is not None:
-                kind, wait = got
-                raise _Refused(
-                    429,
-                    f"{key.name} has {key.max_in_flight} answers in flight"
-                    if kind == "flight"
-                    else f"{key.name} is over {key.requests_per_minute} requests a minute",
-                    wait,
-                )
-            # Redis does not answer: this process's own counts, below.
-        if key.max_in_flight is not None and state.in_flight >= key.max_in_flight:
-            raise _Refused(429, f"{key.name} has {key.max_in_flight} answers in flight", 1.0)
-        if key.requests_per_minute:
-            now = time.monotonic()
-            rate = key.requests_per_minute / 60.0
-            state.tokens = min(
-                float(key.requests_per_minute), state.tokens + (now - state.updated) * rate
-            )
-            state.updated = now
-            if state.tokens < 1.0:
-                wait = (1.0 - state.tokens) / rate
-                raise _Refused(
-                    429, f"{key.name} is over {key.requests_per_minute} requests a minute", wait
-                )
-            state.tokens -= 1.0
-        state.in_flight += 1
-        return Slot(state)
 
     async def _run(
         self,
@@ -497,8 +374,8 @@ class Proxy:
             await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
             return
         try:
-            owner = self._reader(headers)
-        except _Refused as exc:
+            owner = self.admission.reader(headers)
+        except Refused as exc:
             await _error(send, api, exc.status, exc.message, exc.retry_after)
             return
         held = self.answers.find(answer_id, owner) or await self.answers.find_shared(
@@ -532,7 +409,7 @@ class Proxy:
             return
         try:
             if held.readers >= self.config.answers.max_readers:
-                raise _Refused(
+                raise Refused(
                     429,
                     f"this answer has {held.readers} readers already "
                     f"(at most {self.config.answers.max_readers} at once)",
@@ -549,36 +426,21 @@ class Proxy:
                     while after > held.last_number and not held.log.ended:
                         await held.log.changed(len(held.log.events))
             if after > held.last_number:
-                raise _Refused(
+                raise Refused(
                     400,
                     f"{name} {after} is past this answer's last event ({held.last_number}): "
                     "its numbers come from the answer's own events",
                 )
             if held.parked and not held.log.ended and held.slot is None and self.clients:
                 # Read again, it runs again: one of its key's answers in flight.
-                held.slot = await self._slot(self._client_of(headers))
-        except _Refused as exc:
+                held.slot = await self.admission.slot(self.admission.client_of(headers))
+        except Refused as exc:
             await _error(send, api, exc.status, exc.message, exc.retry_after)
             return
         served = [scope["path"], held.call.model, 0]
         # A browser's EventSource sends Last-Event-ID, and comes again after a 200 that ends.
         at_end = 204 if "last-event-id" in headers and not responses else 200
         await self._read(held, after, receive, send, served, at_end)
-
-    def _reader(self, headers: dict[str, str]) -> str | None:
-        """Whose answers this request may read: its client key's name (``None`` without
-        keys); a missing or wrong key is refused, as for a new answer."""
-        return self._client_of(headers).key.name if self.clients else None
-
-    def _client_of(self, headers: dict[str, str]) -> _ClientState:
-        """The client key a request gives (``x-api-key``, or ``Authorization: Bearer``), or a
-        401."""
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        given = headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
-        for c in self.clients:
-            if hmac.compare_digest(c.key.key.encode(), given.encode()):
-                return c
-        raise _Refused(401, "invalid API key: give one of the proxy's client keys")
 
     async def _stopping(self, call: Call, writer: Writer, send: Send, served: list[Any]) -> None:
         """The proxy is stopping and this answer's grace ran out: say so, after the partial
@@ -776,7 +638,7 @@ def _after(starting_after: str | None, last_event_id: str | None) -> tuple[str, 
     if given is None or given == "":
         return name, -1
     if not given.isascii() or not given.isdigit() or len(given) > 12:
-        raise _Refused(400, f"{name} must be an event number this answer sent, not {given[:40]!r}")
+        raise Refused(400, f"{name} must be an event number this answer sent, not {given[:40]!r}")
     return name, int(given)
 
 
@@ -849,32 +711,15 @@ async def _body(receive: Receive, limits: ServerLimits) -> bytes:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise _Refused(400, "the client went away before sending its request")
+                raise Refused(400, "the client went away before sending its request")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limits.body_bytes:
-                raise _Refused(413, f"the request body is over {limits.body_bytes} bytes")
+                raise Refused(413, f"the request body is over {limits.body_bytes} bytes")
             parts.append(chunk)
             if not message.get("more_body"):
                 return b"".join(parts)
-    raise _Refused(408, f"the request body took over {limits.body_timeout:g} s to arrive")
-
-
-def _hostname(host: str) -> str:
-    """The name in a ``Host`` header (without its port; an IPv6 address without brackets)."""
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.rpartition(":")[0] if host.count(":") == 1 else host
-
-
-def _loopback(name: str) -> bool:
-    name = name.lower().rstrip(".")
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    raise Refused(408, f"the request body took over {limits.body_timeout:g} s to arrive")
 
 
 async def _start(

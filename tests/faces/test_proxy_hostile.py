@@ -124,7 +124,7 @@ async def test_a_client_slow_to_send_its_first_request_is_still_answered() -> No
             method="POST",
             target="/v1/chat/completions",
             headers=[
-                ("host", "x"),
+                ("host", "127.0.0.1"),
                 ("content-type", "application/json"),
                 ("content-length", str(len(body))),
                 ("connection", "close"),
@@ -150,7 +150,7 @@ async def test_a_slow_request_head_gets_408() -> None:
         host, port = url.removeprefix("http://").split(":")
         got = b""
         async with await anyio.connect_tcp(host, int(port)) as conn:
-            await conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+            await conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n")
             with anyio.fail_after(15):
                 try:
                     for i in range(1000):
@@ -175,7 +175,7 @@ async def test_a_slow_request_head_gets_408() -> None:
 async def test_an_oversized_head_gets_431(request_head: bytes, why: bytes) -> None:
     """A header of 1 MiB, or 150 headers: 431 in JSON, and the connection closed."""
     async with proxy_over_endless() as (url, _):
-        request = b"GET /health HTTP/1.1\r\nhost: x\r\n" + request_head + b"\r\n"
+        request = b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n" + request_head + b"\r\n"
         try:
             got = await raw_exchange(url, request)
         except anyio.BrokenResourceError:  # refused while still sending: ask again, small
@@ -191,7 +191,7 @@ async def test_a_body_that_never_finishes_gets_408() -> None:
     """Content-Length 1000, 10 bytes sent, then nothing: 408 at [server] body_timeout."""
     async with proxy_over_endless(server={"body_timeout": 0.5}) as (url, _):
         request = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             b"content-length: 1000\r\n\r\n" + b'{"model": '
         )
         host, port = url.removeprefix("http://").split(":")
@@ -219,7 +219,7 @@ async def _half_close(url: str, up: Upstream) -> None:
     got = b""
     async with await anyio.connect_tcp(host, int(port)) as conn:
         await conn.send(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
         )
         await conn.send_eof()
@@ -256,7 +256,7 @@ async def test_a_client_that_stops_reading_is_cut_off_and_frees_its_slot() -> No
             host, port = run.url.removeprefix("http://").split(":")
             body = json.dumps({"model": "m", "messages": Q, "stream": True}).encode()
             request = (
-                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
                 b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
             ) + body
             async with await anyio.connect_tcp(host, int(port)) as stuck:

@@ -1,0 +1,241 @@
+"""One held answer: its events, encoded in the client's API and numbered for readers that come
+and go, and what its producer and the answer store keep about it (:mod:`.held` holds many)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+import streamres
+from streamres.proxy.inbound import Call
+from streamres.proxy.outbound import Writer, answer_usage, responses_usage
+from streamres.proxy.shared_answers import event_json
+
+__all__ = ["EVENT_BYTES", "Full", "Held", "Status"]
+
+#: An event's memory besides its encoding (a text event and its block's record, measured).
+EVENT_BYTES = 200
+
+
+class Full(Exception):
+    """No room for another answer: ``status`` 429 (the key's own bound) or 503 (the
+    proxy's)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+Status = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+@dataclass(eq=False)
+class Held:
+    """One answer and what its readers need."""
+
+    writer: Writer
+    call: Call
+    #: The client key that started it (``None``: the proxy has no keys).
+    owner: str | None
+    #: ``Client.stream``'s arguments for it (the chain, the lane, the cache scope, …).
+    chain: list[str]
+    kwargs: dict[str, Any]
+    tenant: str | None
+    #: When its deadline passes (anyio's clock): a producer started again keeps it.
+    deadline_at: float
+    #: The caller's trace context (its ``traceparent``), which the answer's span continues.
+    context: Any = None
+    log: streamres.AnswerLog = field(default_factory=streamres.AnswerLog)
+    #: The encoded SSE events: (number, numbered, bytes). A comment (not numbered) carries the
+    #: number of the event before it, so it is replayed after that one.
+    blocks: list[tuple[int, bool, bytes]] = field(default_factory=list)
+    size: int = 0
+    #: Its response head may be sent: the first content came (status events wait before it).
+    started: bool = False
+    pending: list[streamres.Event] = field(default_factory=list)
+    readers: int = 0
+    #: Readers that came, the first included.
+    reads: int = 0
+    status: Status = "in_progress"
+    parked: bool = False
+    ended_at: float | None = None
+    final: dict[str, Any] | None = None
+    #: With shared state: what is still to be written to Redis (events as JSON, and their
+    #: bytes); ``None``: not written there (no Redis, or a shadow of another process's).
+    outbox: list[tuple[dict[str, Any] | None, bytes]] | None = None
+    #: A shadow: another process produces the answer; this one follows its log in Redis.
+    shadow: bool = False
+    #: Blocks written to Redis (``None``: not written there; readers may have them all).
+    durable: int | None = None
+    _moved: anyio.Event | None = None
+    #: A shadow's place in the answer's log in Redis (the last entry applied).
+    entry: str = "0"
+    #: Library events in the answer's log in Redis: written (its producer), applied (a shadow).
+    logged: int = 0
+    #: Its client key's slot in flight (``Slot``), given back when it stops running.
+    slot: Any = None
+    #: This process wrote the answer's end to Redis (it writes it again if Redis loses it).
+    written: bool = False
+    #: Another process took the answer on (this one stalled past its lease): this copy stops,
+    #: and its readers read on from ``successor``, a shadow of the shared log.
+    lost: bool = False
+    successor: Held | None = None
+    #: Copies whose readers read this one on (their readers count as this one's).
+    moved_from: list[Held] = field(default_factory=list)
+    _scope: anyio.CancelScope | None = None
+    _stopping: bool = False
+    _lingers: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.writer.id
+
+    @property
+    def producing(self) -> bool:
+        return self._scope is not None
+
+    @property
+    def writes(self) -> bool:
+        """This process writes the answer to Redis (it produces it, or parked it)."""
+        return self.outbox is not None
+
+    def read_anywhere(self) -> bool:
+        """Someone reads it, here or through a copy that moved to it."""
+        return bool(self.readers or any(h.readers for h in self.moved_from))
+
+    def deadline_left(self) -> float:
+        return self.deadline_at - anyio.current_time()
+
+    @property
+    def weight(self) -> int:
+        """Bytes it holds in memory, as estimated: its encoded events and, for each, the event
+        itself (measured: about 200 bytes an event besides its encoding)."""
+        return self.size + EVENT_BYTES * len(self.log.events)
+
+    @property
+    def last_number(self) -> int:
+        """The number of the last event held (-1: none yet)."""
+        return self.blocks[-1][0] if self.blocks else -1
+
+    def after(self, number: int, start: int = 0) -> tuple[bytes, int]:
+        """The held events after ``number`` from block ``start`` on, and where they end."""
+        i = start
+        if start == 0 and number >= 0:  # the first block past ``number`` (numbers ascend)
+            lo, hi = 0, len(self.blocks)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                n, numbered, _ = self.blocks[mid]
+                if n < number or (n == number and numbered):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            i = lo
+        end = self.visible()
+        data = b"".join(b for _, _, b in self.blocks[i:end])
+        return data, max(i, end)
+
+    def visible(self) -> int:
+        """How many blocks readers may have: all — or, written to Redis, those Redis has (a
+        reader never holds an event another process could not give it again)."""
+        return len(self.blocks) if self.durable is None else self.durable
+
+    def notify(self) -> None:
+        """Something changed for the readers (an event, the end, a write to Redis)."""
+        if self._moved is not None:
+            self._moved.set()
+            self._moved = None
+
+    async def moved(self) -> None:
+        """Wait for the next :meth:`notify`."""
+        if self._moved is None:
+            self._moved = anyio.Event()
+        await self._moved.wait()
+
+    def _keep(self, data: bytes) -> None:
+        last = self.last_number
+        for block in data.split(b"\n\n")[:-1]:
+            block += b"\n\n"
+            if block.startswith(b"id: "):
+                last = int(block[4 : block.index(b"\n")])
+                self.blocks.append((last, True, block))
+            else:
+                self.blocks.append((last, False, block))
+            self.size += len(block)
+
+    def add(self, ev: streamres.Event) -> None:
+        """An event of the answer: encoded, kept, logged (which wakes the readers)."""
+        w = self.writer
+        content = ev.type in ("text", "thinking", "tool_call", "done")
+        if not content and not self.started and not w.status_events:
+            self.pending.append(ev)  # status before any content: sent with the head
+            self._out(ev, b"")
+            self.log.append(ev)
+            self.notify()
+            return
+        data = self._open()
+        if ev.type == "text":
+            data += w.text(ev.text)
+        elif ev.type == "thinking":
+            data += w.thinking(ev.text)
+        elif ev.type == "tool_call":
+            data += w.tool_call(ev)
+        elif ev.type == "done":
+            data += w.done(ev)
+        else:
+            data += w.status(ev)
+        self._keep(data)
+        self._out(ev, data)
+        if ev.type == "done":
+            self.status = "incomplete" if ev.finish_reason == "length" else "completed"
+            if self.call.api == "responses":
+                self.final = w.snapshot(self.status)
+                self.final["usage"] = responses_usage(*answer_usage(ev))
+        self.log.append(ev)
+        self.notify()
+
+    def _open(self) -> bytes:
+        """The answer's start (and the status events before it), once."""
+        if self.started:
+            return b""
+        self.started = True
+        for ev in self.pending:  # the head names the model the answer went to
+            self.writer.moved(ev)
+        data = self.writer.start() + b"".join(self.writer.status(ev) for ev in self.pending)
+        self.pending.clear()
+        return data
+
+    def fail(self, exc: streamres.StreamError) -> None:
+        """The answer gave up: an error event after its partial (or, before any text, the
+        error its first reader answers with)."""
+        if self.started or self.writer.status_events:  # its readers have had the head
+            data = self._open() + self.writer.failed(exc)
+            self._keep(data)
+            self._out(None, data)
+        self.status = "failed"
+        if self.call.api == "responses":
+            self.final = self.writer.snapshot("failed", exc)
+        self.log.end(exc)
+        self.notify()
+
+    def stopped(self) -> None:
+        # Stopped before its first text: an empty answer, ended.
+        data = self._open() + self.writer.stopped()
+        self._keep(data)
+        self._out(None, data)
+        self.status = "cancelled"
+        if self.call.api == "responses":
+            self.final = self.writer.snapshot("cancelled")
+        self.log.end(stopped=True)
+        self.notify()
+
+    def _out(self, ev: streamres.Event | None, data: bytes) -> None:
+        if self.outbox is not None:
+            self.outbox.append((None if ev is None else event_json(ev), data))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The Responses API's response object, as it stands."""
+        if self.final is not None:
+            return self.final
+        return self.writer.snapshot("in_progress" if self.started else "queued")
