@@ -186,7 +186,8 @@ async def _stopped_readers(url: str, count: int, wait: float, row: dict[str, Any
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"model": "m", "messages": Q, "stream": True}).encode()
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        b"content-type: application/json\r\n"
         b"content-length: %d\r\n\r\n" % len(body)
     ) + body
     cut = 0
