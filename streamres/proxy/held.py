@@ -153,7 +153,7 @@ class Answers:
         if self.tasks is not None:
             if self.shared is not None:
                 held.outbox = []
-                self.tasks.start_soon(self._keeper, held, True)
+                self._keep(held, whole=True)
             self.tasks.start_soon(self._produce, held)
 
     async def produce_here(self, held: Held) -> None:
@@ -356,10 +356,9 @@ class Answers:
         if taken is not None and taken.stop:
             held.stopped()
             held.ended_at = self.clock()
-            await self._keeper(held, whole=False)
+            await self._keep_now(held)
             return False
-        if self.tasks is not None:
-            self.tasks.start_soon(self._keeper, held, taken is None or taken.logged < 0)
+        self._keep(held, whole=taken is None or taken.logged < 0)
         return not held.log.ended
 
     def _whole(self, held: Held) -> list[tuple[dict[str, Any] | None, bytes]]:
@@ -367,7 +366,27 @@ class Answers:
         data = b"".join(b for _, _, b in held.blocks)
         return [*((event_json(ev), b"") for ev in held.log.events), (None, data)]
 
+    def _keep(self, held: Held, *, whole: bool) -> None:
+        """Start the answer's keeper, unless it has one running: one writer per answer in a
+        process (a second would write from the first one's count)."""
+        if not held.keeping and self.tasks is not None:
+            held.keeping = True
+            self.tasks.start_soon(self._keeper, held, whole)
+
+    async def _keep_now(self, held: Held) -> None:
+        """Write what the answer has made (its end) before going on — by its running keeper,
+        if it has one (then this does not wait)."""
+        if not held.keeping:
+            held.keeping = True
+            await self._keeper(held, False)
+
     async def _keeper(self, held: Held, whole: bool) -> None:
+        try:
+            await self._keeping(held, whole)
+        finally:
+            held.keeping = False
+
+    async def _keeping(self, held: Held, whole: bool) -> None:
         """Write what the answer makes to Redis and hold its lease; readers get each event
         once Redis has it (one round trip: what comes meanwhile goes in the next write).
         ``whole``: the first write is the whole answer with its meta (a new answer, or one
@@ -479,6 +498,8 @@ class Answers:
         shared = self.shared
         assert shared is not None
         for held in list(self._held.values()):
+            if held.keeping:  # its keeper writes it whole when it finds it gone
+                continue
             if held.written:
                 await shared.write(held, self._whole(held), held.status, whole=True)
             elif (
@@ -627,10 +648,10 @@ class Answers:
             if taken.stop:
                 held.stopped()
                 held.ended_at = self.clock()
-                await self._keeper(held, whole=False)
+                await self._keep_now(held)
                 return
             assert self.tasks is not None
-            self.tasks.start_soon(self._keeper, held, not taken.taken)
+            self._keep(held, whole=not taken.taken)
             if not held.call.background and not held.read_anywhere():
                 held._lingers += 1  # its reader went meanwhile: its hold, as for any answer
                 self.tasks.start_soon(self._linger, held, held._lingers)

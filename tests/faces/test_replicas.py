@@ -410,3 +410,34 @@ async def test_a_short_soak_of_replicas_knocked_about(tmp_path: Path) -> None:
     assert row["exact"] == row["one_writer_at_a_time"] == row["answers"], row
     assert sum(v for k, v in row.items() if k.startswith("knock_")) >= 1, row
     assert done.returncode == 0, done.stdout.decode()
+
+
+async def test_an_answer_parked_and_taken_on_again_while_redis_is_away(redis_server: Any) -> None:
+    """Redis stops answering; meanwhile the answer's reader goes (the answer parks after its
+    short hold) and comes back to the same replica, which produces the answer on. Once Redis
+    answers again, the replica writes on as the answer's one writer — it never finds itself
+    overtaken by its own earlier write — and readers on either replica get it exact."""
+    import coredis
+
+    async with Upstream(token_delay=0.05) as up:
+        config = shared_config(up, hold=0.3)
+        async with (
+            running(config, port=0, redis=redis_server.url) as a,
+            running(config, port=0, redis=redis_server.url) as b,
+            httpx.AsyncClient(timeout=30) as http,
+            coredis.Redis.from_url(redis_server.url) as r,
+        ):
+            question = "How do glaciers carve a valley into a U shape?"
+            whole = up.answer(_question(question))
+            answer, first = await begin(http, a.url, question, upto=3)
+            await r.client_pause(4000, coredis.PureToken.ALL)
+            held = a.proxy.answers.find(answer, None)
+            assert held is not None
+            with anyio.fail_after(10):
+                while not held.parked:  # its hold passed: parked, its write still waiting
+                    await held.moved()
+            rest = await read_on(http, a.url, answer, first[-1]["id"])
+            assert_exact(first + rest, whole)
+            assert not held.lost and held.successor is None
+            again, _ = await _read_when_found(http, b.url, answer, None)
+            assert_exact(again, whole)
