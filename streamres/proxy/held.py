@@ -170,6 +170,11 @@ class Answers:
             # Written where every process reads it: whoever produces the answer, or would
             # take it on, ends it instead — a stopped answer is never continued.
             await shared.ask_stop(held.id)
+            if held.parked and held.writes and held.keeping:  # still this process's to write
+                held.parked = False
+                held.stopped()  # its keeper writes the end
+                held.ended_at = self.clock()
+                return
             if held.parked and held.writes:
                 await self._take_on(held)  # ends it here, unless another process has it
             with anyio.move_on_after(5.0):
@@ -321,7 +326,13 @@ class Answers:
     async def refresh(self, held: Held) -> None:
         """Before a parked answer held here is read: what other processes added to its log
         since it was parked is applied (the shared log over this copy)."""
-        if self.shared is not None and held.parked and held.writes and not held.log.ended:
+        if (
+            self.shared is not None
+            and held.parked
+            and held.writes
+            and not held.keeping
+            and not held.log.ended
+        ):
             await self._catch_up(held)
 
     async def _catch_up(self, held: Held) -> None:
@@ -340,6 +351,11 @@ class Answers:
         here) or another process has it (this copy then follows that one)."""
         shared = self.shared
         assert shared is not None
+        if held.keeping:
+            # Its keeper still writes (Redis away, or slow): this process is its writer yet,
+            # and the log may hold a write of its own not yet acknowledged — not another's.
+            held.parked = False
+            return True
         await self._catch_up(held)
         taken = await shared.take(held.id)
         if taken is not None and not taken.taken and taken.logged >= 0:
