@@ -76,8 +76,9 @@ class Held:
     logged: int = 0
     #: Its client key's slot in flight (``Slot``), given back when it stops running.
     slot: Any = None
-    #: Its keeper (the task writing it to Redis) runs.
+    #: Its keeper (the task writing it to Redis) runs; when it last wrote (anyio's clock).
     keeping: bool = False
+    renewed: float = 0.0
     #: This process wrote the answer's end to Redis (it writes it again if Redis loses it).
     written: bool = False
     #: Another process took the answer on (this one stalled past its lease): this copy stops,

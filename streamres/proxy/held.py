@@ -413,6 +413,7 @@ class Answers:
         assert shared is not None
         held.durable = len(held.blocks)
         renew = LEASE_MS / 3000
+        held.renewed = self.clock()
         while held.outbox is not None:
             if not whole:
                 if not held.outbox and not held.log.ended and not held.parked:
@@ -435,6 +436,7 @@ class Answers:
                 self._stand_down(held)
                 return
             whole = False
+            held.renewed = self.clock()
             held.durable = max(upto, held.durable or 0)
             held.notify()
             if ended:
@@ -457,18 +459,21 @@ class Answers:
     ) -> str:
         """One write, until Redis takes it: while it does not answer, readers wait as long as
         the lease may still stand, then are served from here alone, and the same write is
-        sent again once Redis is back (it lands once)."""
+        sent again once Redis is back (it lands once). Alone only when this process held the
+        lease as Redis went away: one that was itself stalled past it (its last renewal over
+        a lease ago) may have lost the answer, and its readers wait for Redis to say."""
         shared = self.shared
         assert shared is not None
+        held_it = self.clock() - held.renewed < LEASE_MS / 1000
         got = await shared.write(held, entries, end, whole=whole)
         if got is None:
             with anyio.move_on_after(LEASE_MS / 1000 - 0.5):
                 await shared.shared.back()
         while got is None:
             if not shared.shared.connected:
-                if held.durable is not None:
+                if held_it and held.durable is not None:
                     log.warning("streamres.proxy_answer_alone", answer=held.id)
-                self._alone(held)
+                    self._alone(held)
                 await shared.shared.back()
             got = await shared.write(held, entries, end, whole=whole)
         return got
@@ -477,7 +482,8 @@ class Answers:
         """Another process owns the answer now (this one stalled past its lease, or was cut
         off from Redis): its producer here stops at once, and its readers read on from the
         shared log."""
-        log.warning("streamres.proxy_answer_taken_over", answer=held.id)
+        why = self.shared.lost_why if self.shared is not None else ""
+        log.warning("streamres.proxy_answer_taken_over", answer=held.id, found=why)
         held.lost, held.outbox = True, None
         if held._scope is not None:
             held._scope.cancel()
@@ -620,7 +626,8 @@ class Answers:
                 elif end is not None and not held.log.ended:  # ended without its done event
                     held.fail(streamres.StreamError("the answer ended", partial_text=held.log.text))
                 made = b"".join(b for _, _, b in held.blocks[before:]).decode("utf-8")
-                if skip == 0 and made != fields.get("b", "") and not self._mismatch:
+                checked = fields.get("b") or not events  # a rest written again: no bytes
+                if skip == 0 and checked and made != fields.get("b", "") and not self._mismatch:
                     self._mismatch = True
                     log.warning("streamres.proxy_answer_replay_differs", answer=held.id)
         finally:

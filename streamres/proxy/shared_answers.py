@@ -104,8 +104,10 @@ _WRITE = """
 --   9 their bytes, 10 its error (JSON, or ''), 11 the meta's fields (JSON, or ''), 12 the
 --   meta's ttl (s)
 -- -> {0, stop}: written, or a resend Redis had (stop: another process asked for a stop);
---    {-1, 0}: another process owns the answer now; {-2, 0}: Redis has no such answer (lost
---    with its data): write it again whole, with its meta
+--    {-1, why}: another process owns the answer now (1: it holds the lease; 2: it wrote
+--    last; 3: the log is past these events); {-2, 0}: Redis has no such answer (lost with its
+--    data): write it again whole, with its meta; {-3, n}: a whole answer, of which the log
+--    has the first n events (written before Redis went away): write the rest
 local meta, log, lease = KEYS[1], KEYS[2], KEYS[3]
 local me, at, count = ARGV[1], tonumber(ARGV[5]), tonumber(ARGV[6])
 if redis.call('EXISTS', meta) == 0 then
@@ -116,11 +118,11 @@ if redis.call('EXISTS', meta) == 0 then
   redis.call('SET', lease, me, 'PX', ARGV[2])
 end
 local holder = redis.call('GET', lease)
-if (holder and holder ~= me) or ((not holder) and redis.call('HGET', meta, 'by') ~= me) then
-  return {-1, 0}
-end
+if holder and holder ~= me then return {-1, 1} end
+if (not holder) and redis.call('HGET', meta, 'by') ~= me then return {-1, 2} end
 local n = tonumber(redis.call('HGET', meta, 'n') or '0')
-if at > n then return {-1, 0} end
+if at > n then return {-1, 3} end
+if ARGV[11] ~= '' and n > 0 and n < count then return {-3, n} end
 if at == n and (count > 0 or ARGV[9] ~= '' or ARGV[7] ~= '') then
   local entry = {'e', ARGV[8], 'b', ARGV[9], 'at', ARGV[5]}
   if ARGV[7] ~= '' then
@@ -143,10 +145,16 @@ return {0, redis.call('HGET', meta, 'stop') and 1 or 0}
 """
 
 _TAKE = """
--- KEYS: the answer's meta and lease; ARGV: this process, lease ms
+-- KEYS: the answer's meta and lease; ARGV: this process, lease ms, when it was sent (ms on
+--   the caller's clock), how late it may run (ms)
 -- -> {taken (1 or 0), events logged (-1: no such answer), stop asked (1 or 0)}: taken when
---    the answer runs and no other process holds it (this one writes it from here on)
+--    the answer runs and no other process holds it (this one writes it from here on). A take
+--    that runs later than its caller waited (Redis paused, then running what it held back)
+--    takes nothing: its caller took it for failed, and the answer's writer may be back.
 local meta, lease, me = KEYS[1], KEYS[2], ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now - tonumber(ARGV[3]) > tonumber(ARGV[4]) then return {0, -2, 0} end
 if redis.call('EXISTS', meta) == 0 then return {0, -1, 0} end
 local n = tonumber(redis.call('HGET', meta, 'n') or '0')
 local stop = redis.call('HGET', meta, 'stop') and 1 or 0
@@ -212,6 +220,9 @@ class SharedAnswers:
         self._since = f"{shared.prefix}:answers:since"
         #: Writes and reads made, by kind (what an answer costs in Redis).
         self.calls: dict[str, int] = {}
+        #: Why the last write found the answer another's: its "lease", its last "writer",
+        #: or its "log" past this copy.
+        self.lost_why = ""
         for name, source in (
             ("answer_write", _WRITE),
             ("answer_take", _TAKE),
@@ -327,9 +338,16 @@ class SharedAnswers:
             return None
         verdict, stop = int(got[0]), int(got[1])
         if verdict == -1:
+            self.lost_why = ("", "lease", "writer", "log")[stop]
             return "lost"
         if verdict == -2:
             return "gone"
+        if verdict == -3:  # Redis has its start: the rest, after it (their bytes unchecked)
+            held.logged = stop
+            rest: list[tuple[dict[str, Any] | None, bytes]] = [
+                (event_json(ev), b"") for ev in held.log.events[stop:]
+            ]
+            return await self.write(held, rest, end)
         held.logged = at + len(events)
         return "stop" if stop and end is None else "written"
 
@@ -380,8 +398,11 @@ class SharedAnswers:
         """Take the answer's lease when it runs and no other process holds it (its producer
         is gone, or parked it); ``None``: Redis away."""
         meta, _, lease = self._keys(answer_id)
-        got = await self._script("answer_take", [meta, lease], [self.shared.id, LEASE_MS])
-        if got is None:
+        # Void if it runs later than this process waits for it (plus clocks a second apart).
+        late = int(self.shared.timeout * 2000) + 1000
+        args = [self.shared.id, LEASE_MS, int(time.time() * 1000), late]
+        got = await self._script("answer_take", [meta, lease], args)
+        if got is None or int(got[1]) == -2:
             return None
         return Taken(bool(int(got[0])), int(got[1]), bool(int(got[2])))
 
