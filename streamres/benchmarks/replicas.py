@@ -236,7 +236,15 @@ def _wrong(p: _Person) -> dict[str, Any] | None:
     if text == p.answer and numbers == list(range(len(numbers))) and not p.gave_up:
         return None
     at = next((i for i, (a, b) in enumerate(zip(text, p.answer, strict=False)) if a != b), None)
+    where, so_far = [], 0
+    for ev in p.events:  # the events about the first difference, and who sent each
+        piece = _text([ev])
+        if at is not None and at - 60 <= so_far <= at + 60:
+            where.append(f"{ev['id']}@{ev.get('from', '?')}:{piece!r}")
+        so_far += len(piece)
     return {
+        "around": where,
+        "lengths": [len(text), len(p.answer)],
         "answer": p.id,
         "gave_up": p.gave_up,
         "refusals": p.refusals[-3:],
@@ -291,12 +299,14 @@ async def _converse(
 
 async def _read(r: httpx.Response, p: _Person, upto: int) -> None:
     buf, got = "", 0
+    port = r.url.port
     async for chunk in r.aiter_text():
         buf += chunk
         if "\n\n" not in buf:
             continue
         blocks, _, buf = buf.rpartition("\n\n")
         for ev in _sse(blocks + "\n\n"):
+            ev["from"] = port
             p.events.append(ev)
             got += 1
             if got >= upto:

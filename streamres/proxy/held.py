@@ -606,11 +606,12 @@ class Answers:
         bytes as its producer's, which are checked). Events this copy has already (its own,
         or a write sent again, or an answer written again whole) are skipped by number."""
         outbox, held.outbox = held.outbox, None  # what others wrote is not written again
+        me = self.shared.shared.id if self.shared is not None else None
         try:
             for entry_id, fields in entries:
                 held.entry = entry_id
-                if held.log.ended:
-                    continue
+                if held.log.ended or (outbox is not None and fields.get("w") == me):
+                    continue  # the copy that writes it has what it wrote, acknowledged or not
                 events = json.loads(fields.get("e") or "[]")
                 skip = held.logged - int(fields.get("at", held.logged))
                 before = len(held.blocks)

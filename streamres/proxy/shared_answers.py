@@ -124,7 +124,7 @@ local n = tonumber(redis.call('HGET', meta, 'n') or '0')
 if at > n then return {-1, 3} end
 if ARGV[11] ~= '' and n > 0 and n < count then return {-3, n} end
 if at == n and (count > 0 or ARGV[9] ~= '' or ARGV[7] ~= '') then
-  local entry = {'e', ARGV[8], 'b', ARGV[9], 'at', ARGV[5]}
+  local entry = {'e', ARGV[8], 'b', ARGV[9], 'at', ARGV[5], 'w', me}
   if ARGV[7] ~= '' then
     table.insert(entry, 'end'); table.insert(entry, ARGV[7])
     if ARGV[10] ~= '' then table.insert(entry, 'error'); table.insert(entry, ARGV[10]) end
