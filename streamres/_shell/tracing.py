@@ -20,10 +20,10 @@ Prompts and completions are recorded only with ``capture_content=True``, as the 
 attributes ``gen_ai.input.messages`` and ``gen_ai.output.messages`` (JSON, the conventions'
 message shape); keys and headers never are.
 
-The deprecated names — ``gen_ai.system`` beside ``gen_ai.provider.name``, and the content as
-the events ``gen_ai.content.prompt`` / ``gen_ai.content.completion`` — are kept for the
-dashboards built on them, and dropped with the conventions' standard switch
-``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` (read when a client is made).
+Only the conventions' current names, as the official instrumentation
+(``opentelemetry-instrumentation-openai-v2``) records them: ``gen_ai.provider.name``, never the
+deprecated ``gen_ai.system``; content as those attributes, never the removed events
+``gen_ai.content.prompt`` / ``gen_ai.content.completion``.
 
 **Metrics**, through the OpenTelemetry meter provider (``metrics=``: ``None``, the default,
 uses the global one when a program configured it; a ``MeterProvider``; ``False`` never), as the
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -60,12 +59,6 @@ from streamres._version import __version__
 __all__ = ["Tracing", "otel_installed", "traced"]
 
 _SCOPE = "streamres"
-
-
-def _latest_only() -> bool:
-    """The GenAI conventions' opt-in to their newest names alone (no deprecated ones)."""
-    opted = os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
-    return "gen_ai_latest_experimental" in {p.strip() for p in opted.split(",")}
 
 
 @functools.cache
@@ -86,8 +79,6 @@ class Tracing:
         self, setting: Any = None, *, capture_content: bool = False, metrics: Any = None
     ) -> None:
         self.capture_content = bool(capture_content)
-        #: Only the conventions' newest names (``OTEL_SEMCONV_STABILITY_OPT_IN``).
-        self.latest_only = _latest_only()
         self.tracer: Any = None
         self.meters = _Meters.of(metrics)
         self._resolve(setting)
@@ -228,8 +219,6 @@ class AnswerTrace:
             "gen_ai.provider.name": provider,
             "gen_ai.request.model": route.model,
         }
-        if not tracing.latest_only:
-            attributes["gen_ai.system"] = provider
         if max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = max_tokens
         for name in ("temperature", "top_p"):
@@ -248,9 +237,6 @@ class AnswerTrace:
         if tracing.capture_content:
             shown = json.dumps(_input_messages(messages), ensure_ascii=False, default=str)
             self.span.set_attribute("gen_ai.input.messages", shown)
-            if not tracing.latest_only:
-                old = json.dumps(list(messages), ensure_ascii=False, default=str)
-                self.span.add_event("gen_ai.content.prompt", {"gen_ai.prompt": old})
         self._context = trace.set_span_in_context(self.span)
         self._metric_attributes = {
             "gen_ai.operation.name": "chat",
@@ -396,8 +382,6 @@ class AnswerTrace:
             ]
             output = [{"role": "assistant", "parts": parts, "finish_reason": ev.finish_reason}]
             span.set_attribute("gen_ai.output.messages", json.dumps(output, ensure_ascii=False))
-            if not self.tracing.latest_only:
-                span.add_event("gen_ai.content.completion", {"gen_ai.completion": ev.text})
 
     def _measure(self, ev: DoneEvent) -> None:
         meters = self.tracing.meters

@@ -61,7 +61,8 @@ async def test_a_clean_answer_is_one_span_with_one_attempt(spans: Any) -> None:
     got = _by_name(exporter.get_finished_spans())
     answer, attempt = got["chat m"], got["attempt 1 m"]
     a = dict(answer.attributes or {})
-    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.system"] == "openai"
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "openai"
+    assert "gen_ai.system" not in a  # deprecated: the official instrumentation has it not
     assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == "m"
     assert a["gen_ai.request.max_tokens"] == 200
     assert tuple(a["gen_ai.response.finish_reasons"]) == ("stop",)  # type: ignore[arg-type]
@@ -223,8 +224,8 @@ async def test_the_conventions_current_names_and_the_failed_attempts_error_type(
 ) -> None:
     """As the official instrumentation names them: ``gen_ai.provider.name``; each failed
     attempt's span has ``error.type`` (its failure kind); content as ``gen_ai.input.messages``
-    / ``gen_ai.output.messages``; with the conventions' opt-in to their newest names, the
-    deprecated ``gen_ai.system`` and content events are gone."""
+    / ``gen_ai.output.messages``; the deprecated ``gen_ai.system`` and content events are not
+    there, with the conventions' opt-in to their newest names or without."""
     provider, exporter = spans
     monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "http,gen_ai_latest_experimental")
     async with Upstream(faults="reset@5", words=12) as up:
@@ -260,7 +261,7 @@ async def test_an_answer_that_ended_early_finishes_with_error(spans: Any) -> Non
     answer = _by_name(exporter.get_finished_spans())["chat m"]
     a = dict(answer.attributes or {})
     assert tuple(a["gen_ai.response.finish_reasons"]) == ("error",)  # type: ignore[arg-type]
-    assert a["gen_ai.provider.name"] == "openai" and a["gen_ai.system"] == "openai"
+    assert a["gen_ai.provider.name"] == "openai" and "gen_ai.system" not in a
 
 
 def _points(reader: Any) -> dict[str, list[Any]]:
@@ -392,6 +393,12 @@ async def test_side_by_side_with_the_official_instrumentation(
     assert not missing, missing
     differ = {k for k in theirs if k != "gen_ai.response.id" and theirs[k] != ours[k]}
     assert not differ, {k: (theirs[k], ours[k]) for k in differ}
+    assert "gen_ai.system" not in ours  # deprecated: no name the official one has not
+    assert {k for k in ours if k.startswith("gen_ai.")} <= set(theirs) | {
+        "gen_ai.response.finish_reasons",
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+    }, set(ours) - set(theirs)
     assert str(ours["gen_ai.response.id"]).startswith("chatcmpl-")
     assert "gen_ai.client.operation.duration" in points["official"]
     for metric, recorded in points["official"].items():
