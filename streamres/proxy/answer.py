@@ -136,7 +136,10 @@ class Held:
                     hi = mid
             i = lo
         end = self.visible()
-        data = b"".join(b for _, _, b in self.blocks[i:end])
+        blocks = self.blocks
+        while i < end and (blocks[i][0] < number or (blocks[i][0] == number and blocks[i][1])):
+            i += 1  # a reader ahead of this copy (it read on from another): not what it has
+        data = b"".join(b for _, _, b in blocks[i:end])
         return data, max(i, end)
 
     def visible(self) -> int:

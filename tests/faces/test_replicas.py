@@ -441,3 +441,40 @@ async def test_an_answer_parked_and_taken_on_again_while_redis_is_away(redis_ser
             assert not held.lost and held.successor is None
             again, _ = await _read_when_found(http, b.url, answer, None)
             assert_exact(again, whole)
+
+
+def test_a_reader_ahead_of_a_copy_gets_only_what_it_has_not() -> None:
+    """A reader that read on elsewhere asks a copy that is behind it (a shadow catching up,
+    a successor after a stand-down): as the copy grows, the reader gets the events past the
+    one it named, never again those before it."""
+    import streamres
+    from streamres.proxy.answer import Held
+    from streamres.proxy.inbound import parse
+    from streamres.proxy.outbound import Writer
+
+    call = parse("openai", json.dumps({"model": "m", "messages": Q, "stream": True}).encode())
+    held = Held(Writer(call, model="m"), call, None, ["m"], {}, None, 0.0)
+    for word in ("one", " two", " three"):
+        held.add(streamres.TextEvent(text=word))
+    behind = held.last_number
+    data, i = held.after(behind + 4)  # the reader has four events more than this copy
+    assert data == b""
+    for word in (" four", " five", " six", " seven", " eight", " nine"):
+        held.add(streamres.TextEvent(text=word))
+    data, _ = held.after(behind + 4, i)
+    got = [ev for ev in _parse_sse(data.decode())]
+    assert [int(ev["id"]) for ev in got] == list(range(behind + 5, held.last_number + 1))
+    assert text_of(got[0]) == " eight"
+
+
+def _parse_sse(raw: str) -> list[dict[str, Any]]:
+    out = []
+    for block in raw.split("\n\n"):
+        ev: dict[str, Any] = {"id": None, "event": None, "data": ""}
+        for line in block.split("\n"):
+            name, _, value = line.partition(": ")
+            if name in ("id", "event", "data"):
+                ev[name] = value
+        if ev["id"] is not None:
+            out.append(ev)
+    return out
