@@ -163,6 +163,8 @@ async def replicas(
         raise SystemExit(
             "streamres bench replicas needs redis-server (apt-get install redis-server)"
         )
+    # The knocks from their own dice (the same knocks each run of a seed); each person's
+    # conversation from its own (the same moves, whatever the others' timing).
     rng = random.Random(seed)
     knocks: dict[str, int] = dict.fromkeys(KNOCKS, 0)
     done: list[_Person] = []
@@ -191,7 +193,8 @@ async def replicas(
                             p = _Person(q, up.answer([{"role": "user", "content": q}]))
                             n += 1
                             try:
-                                await _converse(http, fleet, p, random.Random(rng.random()))
+                                dice = random.Random(f"{seed}:{i}:{n}")
+                                await _converse(http, fleet, p, dice)
                             except TimeoutError:
                                 p.gave_up = True
                             done.append(p)
