@@ -60,6 +60,8 @@ class Call:
     include_usage: bool = False
     #: The Responses API's ``background``: the answer runs whether or not anyone reads it.
     background: bool = False
+    #: The Responses API's ``instructions``, as given (its response object echoes them).
+    instructions: Any = None
 
 
 def parse(api: API, raw: bytes) -> Call:
@@ -148,6 +150,7 @@ def _parse(api: API, raw: bytes) -> Call:
         max_tokens=max_tokens,
         params=params,
         include_usage=isinstance(options, Mapping) and bool(options.get("include_usage")),
+        instructions=body.get("instructions") if api == "responses" else None,
     )
 
 

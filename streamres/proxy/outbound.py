@@ -92,6 +92,8 @@ class Writer:
         self.answer = answer or secrets.token_hex(16)
         self.id = PREFIXES[call.api] + self.answer
         self.created = int(time.time()) if created is None else created
+        #: When it was completed (the Responses API's ``completed_at``), once it was.
+        self.completed: int | None = None
         #: The model answering, as every chunk names it: the first of the chain, then the
         #: one each retry, resume or fallback goes to, and at the end the done event's.
         self.model = model or call.model
@@ -132,18 +134,45 @@ class Writer:
         return self._sse(kind, {"type": kind, "sequence_number": self._seq, **fields})
 
     def _response(self, status: str, **extra: Any) -> dict[str, Any]:
+        """The Responses API's response object, every field the specification requires
+        (each its type or null), the request's own settings as it asked for them."""
+        call, asked = self.call, self.call.params
+        finished = status in ("completed", "incomplete")
+        if finished and self.completed is None:
+            self.completed = int(time.time())
         return {
             "id": self.id,
             "object": "response",
             "created_at": self.created,
+            "completed_at": self.completed if finished else None,
             "status": status,
-            "model": self.model,
-            "output": list(self._items),
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "error": None,
             "incomplete_details": None,
+            "model": self.model,
+            "previous_response_id": None,
+            "instructions": call.instructions,
+            "output": list(self._items),
+            "error": None,
+            "tools": list(asked.get("tools") or []),
+            "tool_choice": asked.get("tool_choice", "auto"),
+            "truncation": asked.get("truncation", "disabled"),
+            "parallel_tool_calls": asked.get("parallel_tool_calls", True),
+            "text": asked.get("text") or {"format": {"type": "text"}},
+            "top_p": _number(asked.get("top_p"), 1.0),
+            "presence_penalty": _number(asked.get("presence_penalty"), 0.0),
+            "frequency_penalty": _number(asked.get("frequency_penalty"), 0.0),
+            "top_logprobs": asked.get("top_logprobs", 0),
+            "temperature": _number(asked.get("temperature"), 1.0),
+            "reasoning": asked.get("reasoning"),
+            "user": asked.get("user"),
+            "usage": None,
+            "max_output_tokens": call.max_tokens,
+            "max_tool_calls": asked.get("max_tool_calls"),
+            "store": asked.get("store", True),
+            "background": call.background,
+            "service_tier": asked.get("service_tier") or "default",
+            "metadata": asked.get("metadata") or {},
+            "safety_identifier": asked.get("safety_identifier"),
+            "prompt_cache_key": asked.get("prompt_cache_key"),
             **extra,
         }
 
@@ -199,7 +228,7 @@ class Writer:
             "content": [],
         }
         idx = len(self._items)
-        part = {"type": "output_text", "text": "", "annotations": []}
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return self._resp("response.output_item.added", output_index=idx, item=item) + self._resp(
             "response.content_part.added",
             item_id=item["id"],
@@ -214,7 +243,7 @@ class Writer:
         self._block_kind = ""
         text = "".join(self._text)
         idx = len(self._items)
-        part = {"type": "output_text", "text": text, "annotations": []}
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         item = {
             "id": self._message_id(),
             "type": "message",
@@ -465,7 +494,9 @@ class Writer:
                     "type": "message",
                     "status": "in_progress",
                     "role": "assistant",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                    "content": [
+                        {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+                    ],
                 }
             )
         extra: dict[str, Any] = {"usage": None, "background": self.call.background}
@@ -583,3 +614,11 @@ def without_urls(exc: StreamError, routes: Sequence[Route]) -> StreamError:
     public = copy.copy(exc)
     public.message, public.args = message, (message,)
     return public
+
+
+def _number(value: Any, default: float) -> float:
+    """A sampling setting as the response object gives it: the number asked for, else the
+    API's default."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return default
