@@ -5,25 +5,35 @@ Theory of operation. The process producing an answer keeps three keys for it, al
 slot (``{id}``, so a Redis Cluster keeps them together):
 
 - ``…:meta``, a hash: what the answer is — its request, chain, lane, client key, the id and
-  clock its writer numbers events with, its deadline on the wall clock — and its status;
-- ``…:log``, a stream: the answer's events in batches, each entry the library's events (JSON)
-  and the SSE events they were encoded to; an answer's last entry says how it ended;
+  clock its writer numbers events with, its deadline on the wall clock — its status, the
+  events its log holds (``n``), the process that wrote it last (``by``), and a stop asked for;
+- ``…:log``, a stream: the answer's events in batches, each entry the library's events (JSON),
+  the SSE events they were encoded to, where it starts (``at``) and who wrote it (``w``); an
+  answer's last entry says how it ended;
 - ``…:lease``, a string: the producing process, expiring ``LEASE_MS`` after its last renewal.
 
 Writes go through before reads: a reader is sent an event once Redis has it, so whatever a
 client holds another process can give again. They are coalesced: the answer's first event is
 written at once, later ones at most every ``FLUSH`` seconds, all that came in one ``XADD``
-with the lease's renewal.
+with the lease's renewal — one script (``_WRITE``), fenced: it lands only while this process
+owns the answer (holds the lease, or wrote last and nobody took the lease since) and only at
+the log's end. A write refused says why; its process stands down (a stall past the lease woke
+it to find the answer adopted). A write sent again after Redis answered too late lands once;
+a first write, or one that finds Redis has lost the answer, carries the whole answer and its
+meta (over a log that has its start: the rest).
 
 A reader that comes to a process that does not hold the answer gets a *shadow* of it: the log
 read from the start and followed (``XREAD``), each event encoded again by a writer of the same
 id and clock — which gives the same bytes and, above all, the same numbering and open blocks.
-While the lease is alive the shadow only follows. When it has lapsed and the answer has not
-ended, its producer is gone (killed, out of memory, a deploy): the shadow's process takes the
-lease (``SET NX``) and *adopts* the answer — it continues it upstream from its text
-(``continue_from``) under the original deadline, writing on to the same log. When an answer
-ends its keys expire after ``keep`` seconds; while it runs, after its deadline and ``keep``.
-Redis away: answers are held in this process only, as without ``--redis``.
+While the lease is alive the shadow only follows. When it has lapsed and the answer runs, its
+producer is gone (killed, out of memory, a deploy) or parked it: the shadow's process takes
+the lease (``_TAKE``) and *adopts* the answer — it continues it upstream from its text
+(``continue_from``) under the original deadline, writing on to the same log; a stop asked
+for ends it instead. A take Redis runs later than its caller waited takes nothing. When an
+answer ends its keys expire after ``keep`` seconds; while it runs, after its deadline and
+``keep``. Redis away: a process that held the lease serves its readers alone, and writes on
+once Redis is back; for ``SETTLE`` seconds after Redis returns or turns out to have lost its
+data (``answers:since`` gone), nobody adopts, and an answer not found may exist (a 503).
 """
 
 from __future__ import annotations
