@@ -36,6 +36,8 @@ from typing import Any
 import anyio
 import httpx
 
+from streamres import MissingExtra
+from streamres._shell.apps import require
 from streamres.benchmarks.common import summary
 from streamres.benchmarks.table import table
 from streamres.upstream import Upstream
@@ -159,10 +161,7 @@ async def replicas(
 ) -> dict[str, Any]:
     """The soak (see the module); its figures. ``logs``: where the replicas' logs go."""
     exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit(
-            "streamres bench replicas needs redis-server (apt-get install redis-server)"
-        )
+    assert exe is not None  # ``main`` says so in one line
     # The knocks from their own dice (the same knocks each run of a seed); each person's
     # conversation from its own (the same moves, whatever the others' timing).
     rng = random.Random(seed)
@@ -364,6 +363,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the row as JSON")
     p.add_argument("--logs", metavar="DIR", help="keep the replicas' logs (-v) there")
     args = p.parse_args(argv)
+    try:  # what it needs: one line, before anything starts
+        require("uvicorn", "streamres bench replicas (its proxies)")
+        require("coredis", "streamres bench replicas (its proxies' shared state)")
+    except MissingExtra as exc:
+        print(f"streamres bench replicas: {exc}", file=sys.stderr)
+        return 2
+    if shutil.which("redis-server") is None:
+        print(
+            "streamres bench replicas needs redis-server, which is not on PATH: "
+            "apt-get install redis-server",
+            file=sys.stderr,
+        )
+        return 2
     logs = Path(args.logs) if args.logs else None
     row = anyio.run(replicas, args.seconds, args.people, args.seed, logs)
     if args.json:
