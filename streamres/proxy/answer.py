@@ -13,7 +13,7 @@ from streamres.proxy.inbound import Call
 from streamres.proxy.outbound import Writer, answer_usage, responses_usage
 from streamres.proxy.shared_answers import event_json
 
-__all__ = ["EVENT_BYTES", "Full", "Held", "Status"]
+__all__ = ["EVENT_BYTES", "Full", "Held", "Ledger", "Status"]
 
 #: An event's memory besides its encoding (a text event and its block's record, measured).
 EVENT_BYTES = 200
@@ -26,6 +26,19 @@ class Full(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+@dataclass
+class Ledger:
+    """The bytes held answers weigh, in all and by client key, counted as they grow: making
+    room costs nothing while there is room."""
+
+    total: int = 0
+    by_owner: dict[str | None, int] = field(default_factory=dict)
+
+    def add(self, owner: str | None, n: int) -> None:
+        self.total += n
+        self.by_owner[owner] = self.by_owner.get(owner, 0) + n
 
 
 Status = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
@@ -76,6 +89,8 @@ class Held:
     logged: int = 0
     #: Its client key's slot in flight (``Slot``), given back when it stops running.
     slot: Any = None
+    #: Where its weight is counted while the answer store holds it.
+    ledger: Ledger | None = None
     #: Its keeper (the task writing it to Redis) runs; when it last wrote (anyio's clock).
     keeping: bool = False
     renewed: float = 0.0
@@ -160,7 +175,7 @@ class Held:
         await self._moved.wait()
 
     def _keep(self, data: bytes) -> None:
-        last = self.last_number
+        last, size = self.last_number, self.size
         for block in data.split(b"\n\n")[:-1]:
             block += b"\n\n"
             if block.startswith(b"id: "):
@@ -169,6 +184,13 @@ class Held:
             else:
                 self.blocks.append((last, False, block))
             self.size += len(block)
+        if self.ledger is not None:
+            self.ledger.add(self.owner, self.size - size)
+
+    def _logged(self, ev: streamres.Event) -> None:
+        self.log.append(ev)
+        if self.ledger is not None:
+            self.ledger.add(self.owner, EVENT_BYTES)
 
     def add(self, ev: streamres.Event) -> None:
         """An event of the answer: encoded, kept, logged (which wakes the readers)."""
@@ -177,7 +199,7 @@ class Held:
         if not content and not self.started and not w.status_events:
             self.pending.append(ev)  # status before any content: sent with the head
             self._out(ev, b"")
-            self.log.append(ev)
+            self._logged(ev)
             self.notify()
             return
         data = self._open()
@@ -198,7 +220,7 @@ class Held:
             if self.call.api == "responses":
                 self.final = w.snapshot(self.status)
                 self.final["usage"] = responses_usage(*answer_usage(ev))
-        self.log.append(ev)
+        self._logged(ev)
         self.notify()
 
     def _open(self) -> bytes:

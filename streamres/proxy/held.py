@@ -41,7 +41,7 @@ from anyio.abc import TaskGroup
 
 import streamres
 from streamres._shell.apps import log
-from streamres.proxy.answer import Full, Held
+from streamres.proxy.answer import Full, Held, Ledger
 from streamres.proxy.config import HoldLimits
 from streamres.proxy.outbound import Writer, without_urls
 from streamres.proxy.shared_answers import (
@@ -89,6 +89,8 @@ class Answers:
         #: an answer is produced inside its first request (it ends with that request).
         self.tasks: TaskGroup | None = None
         self._held: collections.OrderedDict[str, Held] = collections.OrderedDict()
+        #: What the held answers weigh (``Held.weight``), counted as they grow.
+        self._ledger = Ledger()
         self._producing = 0
         self._idle: anyio.Event | None = None
         #: The answers' keys in Redis, when the client shares state (``--redis``).
@@ -134,7 +136,7 @@ class Answers:
 
     @property
     def held_bytes(self) -> int:
-        return sum(h.weight for h in self._held.values())
+        return self._ledger.total
 
     # -- finding and starting -----------------------------------------------------------
 
@@ -149,7 +151,7 @@ class Answers:
         """Hold ``held`` and start producing it (in the proxy's task group when it runs one);
         :class:`Full` when there is no room for it."""
         self._make_room(held.owner, refuse=True)
-        self._held[held.id] = held
+        self._hold(held)
         if self.tasks is not None:
             if self.shared is not None:
                 held.outbox = []
@@ -487,8 +489,7 @@ class Answers:
         held.lost, held.outbox = True, None
         if held._scope is not None:
             held._scope.cancel()
-        if self._held.get(held.id) is held:
-            del self._held[held.id]
+        self._forget(held)
         if self.tasks is not None:
             self.tasks.start_soon(self._hand_over, held)
 
@@ -594,7 +595,7 @@ class Answers:
         held.shadow = True
         await self._catch_up(held)  # what the log holds now, before any reader
         self._make_room(owner, refuse=False)
-        self._held[answer_id] = held
+        self._hold(held)
         if held.log.ended:
             held.ended_at = self.clock()
         elif self.tasks is not None:
@@ -651,8 +652,7 @@ class Answers:
             if held.read_anywhere():
                 idle = self.clock()
             elif self.clock() - idle > self.limits.hold + 1:
-                if self._held.get(held.id) is held:
-                    del self._held[held.id]  # a later reader makes a new shadow
+                self._forget(held)  # a later reader makes a new shadow
                 return
             if got is None or shared.settling():  # Redis away, or its writers not back yet
                 await anyio.sleep(0.5)
@@ -686,42 +686,59 @@ class Answers:
 
     # -- forgetting ---------------------------------------------------------------------
 
+    def _hold(self, held: Held) -> None:
+        self._held[held.id] = held
+        held.ledger = self._ledger
+        self._ledger.add(held.owner, held.weight)
+
+    def _forget(self, held: Held) -> None:
+        if self._held.get(held.id) is held:
+            del self._held[held.id]
+            self._ledger.add(held.owner, -held.weight)
+            held.ledger = None
+
     def _make_room(self, owner: str | None, *, refuse: bool) -> None:
         """Room for one more answer of ``owner``'s (a client key's name). Past a bound —
         ``max_answers``, ``max_bytes``, the key's ``max_bytes_per_key`` — the key's own
         answers that stopped running go first, longest-ended first; another key's answer is
         never forgotten for it before ``keep`` has passed. ``refuse``: :class:`Full` when
         that is not room enough (a shadow of another process's answer is held all the
-        same: it is read now)."""
-        limits = self.limits
-        count, total, mine = len(self._held) + 1, 0, 0
-        own: list[Held] = []
-        for h in self._held.values():
-            weight = h.weight
-            total += weight
-            if h.owner == owner:
-                mine += weight
-                if h.ended_at is not None and not h.producing and not h.readers:
-                    own.append(h)
+        same: it is read now). What is held is counted as it grows (:class:`Ledger`): while
+        there is room, this looks at no answer."""
+        limits, ledger = self.limits, self._ledger
         per_key = limits.max_bytes_per_key if owner is not None else limits.max_bytes
-        own.sort(key=lambda h: h.ended_at or 0.0)
-        for h in own:
-            if count <= limits.max_answers and total <= limits.max_bytes and mine <= per_key:
-                break
-            del self._held[h.id]
-            count, total, mine = count - 1, total - h.weight, mine - h.weight
-        if count > limits.max_answers or total > limits.max_bytes:
-            self.sweep()  # others' past ``keep``
-            count, total = len(self._held) + 1, self.held_bytes
+
+        def full() -> bool:
+            return len(self._held) + 1 > limits.max_answers or ledger.total > limits.max_bytes
+
+        if full() or ledger.by_owner.get(owner, 0) > per_key:
+            own = sorted(
+                (
+                    h
+                    for h in self._held.values()
+                    if h.owner == owner
+                    and h.ended_at is not None
+                    and not h.producing
+                    and not h.readers
+                ),
+                key=lambda h: h.ended_at or 0.0,
+            )
+            for h in own:
+                if not full() and ledger.by_owner.get(owner, 0) <= per_key:
+                    break
+                self._forget(h)
+            if full():
+                self.sweep()  # others' past ``keep``
         if not refuse:
             return
+        mine = ledger.by_owner.get(owner, 0)
         if mine > per_key:
             raise Full(
                 429,
                 f"{owner} holds {mine // 2**20} MiB of answers (at most "
                 f"{per_key // 2**20} MiB): read or stop one, or wait for one to end",
             )
-        if count > limits.max_answers or total > limits.max_bytes:
+        if full():
             raise Full(503, "the proxy holds all the answers it can now; try again shortly")
 
     def sweep(self, now: float | None = None) -> None:
@@ -734,7 +751,7 @@ class Answers:
                 and h.readers == 0
                 and now - h.ended_at > self.limits.keep
             ):
-                del self._held[h.id]
+                self._forget(h)
 
     async def _sweep(self) -> None:
         while True:

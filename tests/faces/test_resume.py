@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 
 from streamres.proxy.config import HoldLimits, parse
 from streamres.proxy.serve import running
-from streamres.upstream import Upstream
+from streamres.upstream import FaultPlan, ModelSpec, Upstream
 from tests.helpers.answers import (
     BODIES,
     Q,
@@ -685,7 +685,10 @@ async def test_the_chat_page_in_everyday_use(width: int, height: int, tmp_path: 
     Enter sends; after more answers than the window holds the last one and Send are in view;
     a stopped answer says so."""
     browser, script, env = _puppeteer(tmp_path, EVERYDAY_SCRIPT)
-    async with Upstream(token_delay=0.01, words=60) as up:
+    # The fifth answer (the one stopped) pauses after 25 tokens: the Stop lands mid-answer
+    # however busy the machine, never after an answer that was quicker than the click.
+    paused = {"demo-large": ModelSpec(faults=FaultPlan("ok*4,slow@25"))}
+    async with Upstream(token_delay=0.01, words=60, models=paused) as up:
         routes = [
             {"name": "large", "model": "demo-large", "base_url": up.openai_url},
             {"name": "small", "model": "demo-small", "base_url": up.openai_url},

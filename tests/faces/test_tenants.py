@@ -179,6 +179,7 @@ async def test_held_answers_are_bounded_in_bytes_and_one_key_cannot_evict_anothe
                 # Room is made before an answer starts: what held answers add after that is
                 # bounded by the answers running (here one at a time).
                 held = list(answers._held.values())
+                assert answers.held_bytes == sum(h.weight for h in held)  # counted as they grow
                 assert answers.held_bytes <= 600_000 + one.weight
                 assert sum(h.weight for h in held if h.owner == "a") <= 400_000 + one.weight
             assert answers.find(b_answer, "b") is one
