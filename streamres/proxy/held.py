@@ -23,8 +23,14 @@ any text, the HTTP error its first reader gets), or a deliberate stop (``POST
 disconnect). Ended and parked answers are kept ``keep`` seconds for late readers, then
 forgotten; a background answer runs without readers to its end. An answer is found by its id
 (128 random bits) and only with the client key that started it: any other key is told it does
-not exist. What one answer holds is bounded as the answer is (its characters are capped), and
-the number of answers held is bounded (``max_answers``: past it, the longest-ended go first).
+not exist. What one answer holds is bounded as the answer is (its characters are capped); the
+answers held are bounded in number and in bytes, in all and per client key (``max_answers``,
+``max_bytes``, ``max_bytes_per_key``: past them, the key's own longest-ended go first, another
+key's never before ``keep``), and so are one answer's readers (``max_readers``). An answer
+running takes one of its key's slots until it stops running (ends or is parked).
+
+With shared state (``--redis``) each answer is also written to Redis, where any process reads
+it and adopts it when its writer is gone (:mod:`.shared_answers` tells how).
 """
 
 from __future__ import annotations
