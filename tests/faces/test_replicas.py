@@ -26,13 +26,15 @@ from tests.helpers.answers import (
     asked,
     assert_exact,
     begin,
+    proxy_process,
     read_on,
     shared_config,
+    sse_block,
     sse_events,
     start_answer,
     text_of,
 )
-from tests.helpers.redis import connected, free_port
+from tests.helpers.redis import connected
 
 pytestmark = pytest.mark.anyio
 
@@ -296,21 +298,9 @@ async def test_a_producer_stalled_past_its_lease_stands_down(
             encoding="utf-8",
         )
 
-        async def proxy() -> tuple[Any, str]:
-            port = free_port()
-            command = [sys.executable, "-m", "streamres", "proxy", "--port", str(port)]
-            command += ["--config", str(tmp_path / "routes.toml"), "--redis", redis_server.url]
-            process = await anyio.open_process(command)
-            assert process.stdout is not None
-            with anyio.fail_after(60):
-                seen = b""
-                async for data in process.stdout:
-                    seen += data
-                    if b"streamres proxy on" in seen:
-                        break
-            return process, f"http://127.0.0.1:{port}"
-
-        (a, a_url), (b, b_url) = await proxy(), await proxy()
+        config = tmp_path / "routes.toml"
+        (a, a_url) = await proxy_process(config, redis_server.url)
+        (b, b_url) = await proxy_process(config, redis_server.url)
         try:
             questions = [f"Question {i}: why does ice float on water?" for i in range(6)]
             on_a: dict[str, list[dict[str, Any]]] = {}
@@ -462,19 +452,6 @@ def test_a_reader_ahead_of_a_copy_gets_only_what_it_has_not() -> None:
     for word in (" four", " five", " six", " seven", " eight", " nine"):
         held.add(streamres.TextEvent(text=word))
     data, _ = held.after(behind + 4, i)
-    got = [ev for ev in _parse_sse(data.decode())]
+    got = [e for b in data.decode().split("\n\n") if (e := sse_block(b)) is not None]
     assert [int(ev["id"]) for ev in got] == list(range(behind + 5, held.last_number + 1))
     assert text_of(got[0]) == " eight"
-
-
-def _parse_sse(raw: str) -> list[dict[str, Any]]:
-    out = []
-    for block in raw.split("\n\n"):
-        ev: dict[str, Any] = {"id": None, "event": None, "data": ""}
-        for line in block.split("\n"):
-            name, _, value = line.partition(": ")
-            if name in ("id", "event", "data"):
-                ev[name] = value
-        if ev["id"] is not None:
-            out.append(ev)
-    return out

@@ -26,6 +26,7 @@ from tests.helpers.answers import (
     asked,
     assert_exact,
     begin,
+    proxy_process,
     read_on,
     shared_config,
     sse_events,
@@ -503,9 +504,6 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
     answer on through the second: each ends exact, each event once, and the upstream served
     each at most once plus one continuation."""
     import signal
-    import sys
-
-    from tests.helpers.redis import free_port
 
     async with Upstream(token_delay=0.03) as up:
         (tmp_path / "routes.toml").write_text(
@@ -515,21 +513,9 @@ async def test_answers_survive_their_proxy_killed_with_sigkill(
             encoding="utf-8",
         )
 
-        async def proxy() -> tuple[Any, str]:
-            port = free_port()
-            command = [sys.executable, "-m", "streamres", "proxy", "--port", str(port)]
-            command += ["--config", str(tmp_path / "routes.toml"), "--redis", redis_server.url]
-            process = await anyio.open_process(command)
-            assert process.stdout is not None
-            with anyio.fail_after(60):
-                seen = b""
-                async for data in process.stdout:
-                    seen += data
-                    if b"streamres proxy on" in seen:
-                        break
-            return process, f"http://127.0.0.1:{port}"
-
-        (a, a_url), (b, b_url) = await proxy(), await proxy()
+        config = tmp_path / "routes.toml"
+        (a, a_url) = await proxy_process(config, redis_server.url)
+        (b, b_url) = await proxy_process(config, redis_server.url)
         try:
             questions = [f"Question {i}: why is the sea salty?" for i in range(12)]
             got: dict[str, list[dict[str, Any]]] = {}

@@ -5,16 +5,30 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
 from streamres.proxy.config import parse
 from streamres.proxy.serve import running
 from streamres.upstream import Upstream
+from tests.helpers.redis import free_port
 
 Q = [{"role": "user", "content": "Explain TCP slow start in a few sentences."}]
+
+
+def sse_block(block: str) -> dict[str, Any] | None:
+    """One SSE event as ``{"id", "event", "data"}`` (``None``: a comment, or no id)."""
+    ev: dict[str, Any] = {"id": None, "event": None, "data": ""}
+    for line in block.split("\n"):
+        name, _, value = line.partition(": ")
+        if name in ("id", "event", "data"):
+            ev[name] = value
+    return ev if ev["id"] is not None else None
 
 
 async def sse_events(r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
@@ -24,13 +38,25 @@ async def sse_events(r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         buf += chunk
         while "\n\n" in buf:
             block, buf = buf.split("\n\n", 1)
-            ev: dict[str, Any] = {"id": None, "event": None, "data": ""}
-            for line in block.split("\n"):
-                name, _, value = line.partition(": ")
-                if name in ("id", "event", "data"):
-                    ev[name] = value
-            if ev["id"] is not None:
+            if (ev := sse_block(block)) is not None:
                 yield ev
+
+
+async def proxy_process(config: Path, redis: str) -> tuple[Any, str]:
+    """``streamres proxy`` in a child process with ``config`` and shared state on ``redis``,
+    once it serves: the process and its URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "streamres", "proxy", "--port", str(port)]
+    command += ["--config", str(config), "--redis", redis]
+    process = await anyio.open_process(command)
+    assert process.stdout is not None
+    with anyio.fail_after(60):
+        seen = b""
+        async for data in process.stdout:
+            seen += data
+            if b"streamres proxy on" in seen:
+                break
+    return process, f"http://127.0.0.1:{port}"
 
 
 def text_of(ev: dict[str, Any]) -> str:
