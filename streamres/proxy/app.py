@@ -11,6 +11,8 @@ Endpoints, each in its API's own wire format, streaming and not:
     POST /v1/answers/{id}/stop  stop an answer on purpose (its partial ends it)
     GET  /v1/responses/{id}     a Responses API answer (``?stream=true&starting_after=N``)
     POST /v1/responses/{id}/cancel   the Responses API's cancel
+    DELETE /v1/responses/{id}   delete a stored response
+    GET  /v1/responses/{id}/input_items   a stored response's input items
     GET  /v1/models             the model names a client may ask for
     GET  /metrics               Prometheus
     GET  /health                JSON: every model's health and why
@@ -28,7 +30,9 @@ it (``x-streamres-answer``, and the id each API's body carries), and a client th
 reads it on from where it was. A client that goes leaves its answer running for ``[answers]
 hold`` seconds; then the upstream is closed and the partial kept, to be continued if the client
 comes back within ``keep``. Answers that are not streamed (and not ``background``) are produced
-inside their request, as before: a client that goes closes the upstream at once.
+inside their request, as before: a client that goes closes the upstream at once. Responses API
+answers are stored when they end, to be continued (``previous_response_id``), read and deleted
+(:mod:`.conversations`, :mod:`.stored`).
 """
 
 from __future__ import annotations
@@ -57,9 +61,11 @@ from streamres.proxy.answer import Full, Held
 from streamres.proxy.board import BOARD_HTML
 from streamres.proxy.chat_page import CHAT_HTML
 from streamres.proxy.config import Config, ServerLimits
+from streamres.proxy.conversations import Conversations
 from streamres.proxy.held import Answers, within
 from streamres.proxy.inbound import API, BadRequest, Call, parse
 from streamres.proxy.outbound import PREFIXES, Writer, error_body, without_urls
+from streamres.proxy.stored import ResponseStore
 
 __all__ = ["Proxy"]
 
@@ -128,6 +134,10 @@ class Proxy:
         self._metrics: Any = None
         #: Streamed answers, held for readers that go and come back (``held``).
         self.answers = Answers(client, config.answers)
+        #: Stored Responses API responses (``previous_response_id``, ``GET``, ``DELETE``).
+        store = ResponseStore(config.responses, lambda: client._shared_state)
+        self.conversations = Conversations(store, self.answers)
+        self.answers.on_end = self.conversations.ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":  # served on its own: answers live as long as it
@@ -217,6 +227,8 @@ class Proxy:
                         f"GET /v1/models lists {sorted(self.config.models)}",
                     )
                 priority = _priority(headers, state)
+                owner = state.key.name if state is not None else None
+                await self.conversations.follow_on(call, owner)
                 own = sorted(_OWN_ARGUMENTS & call.params.keys())
                 if own:
                     # Not fields of the API: names of the library's own arguments (a deadline,
@@ -226,10 +238,9 @@ class Proxy:
                         400, f"{own[0]!r} is not a field of this API; the proxy sets it itself"
                     )
             except (Refused, BadRequest) as exc:
-                status = exc.status if isinstance(exc, Refused) else 400
-                retry = exc.retry_after if isinstance(exc, Refused) else None
-                served[2] = status
-                await _error(send, api, status, str(exc), retry)
+                refused = exc if isinstance(exc, Refused) else Refused(400, str(exc))
+                served[2] = refused.status
+                await _error(send, api, refused.status, str(exc), refused.retry_after, refused.code)
                 return
             served[1] = call.model
             status_events = headers.get("x-streamres-status") == "events"
@@ -239,7 +250,6 @@ class Proxy:
             # unless the operator says so.
             tenant = state.key.name if state and not self.config.cache_shared else None
             parent = _caller_trace(headers)
-            owner = state.key.name if state is not None else None
             await self._run(
                 call, chain, writer, receive, send, served, tenant, priority, parent, owner, slot
             )
@@ -294,7 +304,7 @@ class Proxy:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
             try:
-                await self._relay(call, chain, kwargs, writer, send, served, tenant, parent)
+                await self._relay(call, chain, kwargs, writer, send, served, tenant, parent, owner)
             except anyio.get_cancelled_exc_class():
                 if not tg.cancel_scope.cancel_called:  # the server stops: the client is here
                     with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
@@ -365,7 +375,12 @@ class Proxy:
         answer_id, _, action = rest.partition("/")
         api: API = "responses" if responses else _api_of(answer_id)
         verbs = (
-            {("GET", ""): "read", ("POST", "cancel"): "stop"}
+            {
+                ("GET", ""): "read",
+                ("POST", "cancel"): "stop",
+                ("DELETE", ""): "delete",
+                ("GET", "input_items"): "items",
+            }
             if responses
             else {("GET", "events"): "events", ("GET", ""): "state", ("POST", "stop"): "stop"}
         )
@@ -375,8 +390,14 @@ class Proxy:
             return
         try:
             owner = self.admission.reader(headers)
+            kept = (
+                await self.conversations.serve(verb, answer_id, owner, query) if responses else None
+            )
         except Refused as exc:
             await _error(send, api, exc.status, exc.message, exc.retry_after)
+            return
+        if kept is not None:
+            await _json(send, *kept)
             return
         held = self.answers.find(answer_id, owner) or await self.answers.find_shared(
             answer_id, owner
@@ -389,7 +410,11 @@ class Proxy:
             )
             await _error(send, api, 503, message, 2.0)
             return
-        if held is None or (responses and held.call.api != "responses"):
+        if (
+            held is None
+            or (responses and held.call.api != "responses")
+            or verb in ("items", "delete")
+        ):
             message = (
                 "no such answer here: it never was, it is another key's, or it ended over "
                 f"{self.config.answers.keep:g} s ago and was forgotten"
@@ -469,6 +494,7 @@ class Proxy:
         served: list[Any],
         tenant: str | None,
         parent: Any = None,
+        owner: str | None = None,
     ) -> None:
         started = False
         pending: list[bytes] = []
@@ -491,8 +517,11 @@ class Proxy:
                 async for ev in events:
                     if not call.stream:
                         if ev.type == "done":
+                            body = writer.body(ev)
+                            if call.api == "responses":
+                                await self.conversations.kept(call, json.loads(body), owner)
                             served[2] = 200
-                            await _respond(send, 200, writer.body(ev), "application/json")
+                            await _respond(send, 200, body, "application/json")
                             return
                         continue
                     if ev.type == "text":

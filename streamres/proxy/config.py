@@ -62,6 +62,10 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     keep = 600                # seconds an ended (or parked) answer is kept to be read again
     max_answers = 10000       # answers held at once; past it, the longest-ended go first
 
+    [responses]               # stored Responses API responses (previous_response_id)
+    keep = 2592000            # seconds a stored response is kept (30 days)
+    max_bytes = 268435456     # bytes of stored responses in memory; past it, the oldest go
+
     [[clients]]               # without any, the proxy takes no key (it listens on loopback)
     name = "ui"
     key_env = "STREAMRES_UI_KEY"
@@ -94,7 +98,15 @@ from streamres._shell.apps import (
     parse_priority,
 )
 
-__all__ = ["ClientKey", "Config", "ConfigError", "HoldLimits", "ServerLimits", "load"]
+__all__ = [
+    "ClientKey",
+    "Config",
+    "ConfigError",
+    "HoldLimits",
+    "ServerLimits",
+    "StoreLimits",
+    "load",
+]
 
 _T = TypeVar("_T")
 
@@ -203,6 +215,24 @@ class HoldLimits:
                 raise ValueError(f"answers.{name} must be an integer >= 1, not {m!r}")
 
 
+@dataclass(frozen=True)
+class StoreLimits:
+    """``[responses]`` in ``routes.toml``: how long a stored Responses API response is kept
+    (``keep``, seconds: what ``previous_response_id``, ``GET``, ``DELETE`` and ``input_items``
+    find), and the bytes of stored responses one process keeps in memory (``max_bytes``; past
+    it, the oldest go from memory — with shared state, Redis still has them until ``keep``)."""
+
+    keep: float = 30 * 86400.0
+    max_bytes: int = 256 * 2**20
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keep, bool) or not isinstance(self.keep, int | float) or self.keep <= 0:
+            raise ValueError(f"responses.keep must be a number of seconds > 0, not {self.keep!r}")
+        m = self.max_bytes
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"responses.max_bytes must be an integer >= 1, not {m!r}")
+
+
 @dataclass
 class Config:
     routes: list[streamres.Route]
@@ -242,6 +272,8 @@ class Config:
     server: ServerLimits = field(default_factory=ServerLimits)
     #: Answers held for readers that go and come back (``[answers]``).
     answers: HoldLimits = field(default_factory=HoldLimits)
+    #: Stored Responses API responses (``[responses]``).
+    responses: StoreLimits = field(default_factory=StoreLimits)
 
     def client_options(self) -> dict[str, Any]:
         """What this configuration says of a ``Client``: its routes, account limits and
@@ -290,6 +322,7 @@ _TABLES = (
     "cache",
     "server",
     "answers",
+    "responses",
     "clients",
     "operator",
 )
@@ -413,6 +446,7 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     _known("[operator]: ", raw.get("operator"), _OPERATOR_KEYS)
     _known("[server]: ", raw.get("server"), [f.name for f in dataclasses.fields(ServerLimits)])
     _known("[answers]: ", raw.get("answers"), [f.name for f in dataclasses.fields(HoldLimits)])
+    _known("[responses]: ", raw.get("responses"), [f.name for f in dataclasses.fields(StoreLimits)])
     for i, c in enumerate(raw.get("clients") or []):
         _known(f"clients[{i}]: ", c, _CLIENT_KEYS)
     routes = [_route(i, r, environ) for i, r in enumerate(raw.get("routes") or [])]
@@ -490,6 +524,7 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         raise ConfigError("[operator]: public_health = true or false")
     limits = _table(raw, "server", ServerLimits)
     held = _table(raw, "answers", HoldLimits)
+    stored = _table(raw, "responses", StoreLimits)
     policy = raw.get("policy") or {}
     stall = policy.get("stall_timeout", 0)
     answer = policy.get("max_answer_chars", ANSWER)
@@ -523,4 +558,5 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         public_health=public,
         server=limits,
         answers=held,
+        responses=stored,
     )

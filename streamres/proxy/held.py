@@ -39,7 +39,7 @@ import collections
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -104,6 +104,9 @@ class Answers:
         self._mismatch = False
         #: Answers being looked up in Redis (one lookup each, however many readers ask).
         self._finding: dict[str, anyio.Event] = {}
+        #: Called when an answer this process produced (or stopped) has ended: the proxy
+        #: stores Responses API responses so (:mod:`.stored`).
+        self.on_end: Callable[[Held], Awaitable[None]] | None = None
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -182,6 +185,7 @@ class Answers:
                 held.parked = False
                 held.stopped()  # its keeper writes the end
                 held.ended_at = self.clock()
+                await self._ended(held)
                 return
             if held.parked and held.writes:
                 await self._take_on(held)  # ends it here, unless another process has it
@@ -198,6 +202,17 @@ class Answers:
             held.parked = False
             held.stopped()
             held.ended_at = self.clock()
+            await self._ended(held)
+
+    async def _ended(self, held: Held) -> None:
+        """``held`` ended here: tell :attr:`on_end` (shielded: an end is told once)."""
+        if self.on_end is not None:
+            with anyio.CancelScope(shield=True):
+                await self.on_end(held)
+
+    def drop(self, held: Held) -> None:
+        """Forget an answer now (a deleted response)."""
+        self._forget(held)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -291,9 +306,11 @@ class Answers:
             return
         if held.log.ended:
             held.ended_at = self.clock()
+            await self._ended(held)
         elif held._stopping:
             held.stopped()
             held.ended_at = self.clock()
+            await self._ended(held)
         elif held.readers and self.tasks is not None:
             # A reader came while the upstream was being closed for want of one: on again.
             self.tasks.start_soon(self._produce, held)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["API", "BadRequest", "Call", "parse"]
+__all__ = ["API", "BadRequest", "Call", "input_items", "parse", "responses_messages"]
 
 API = Literal["openai", "anthropic", "responses"]
 
@@ -26,14 +27,24 @@ _READ: dict[str, frozenset[str]] = {
     ),
     "anthropic": frozenset({"model", "messages", "system", "stream", "max_tokens"}),
     "responses": frozenset(
-        {"model", "input", "instructions", "stream", "max_output_tokens", "background"}
+        {
+            "model",
+            "input",
+            "instructions",
+            "stream",
+            "max_output_tokens",
+            "background",
+            "store",
+            "previous_response_id",
+        }
     ),
 }
 
 #: Fields that name state kept on one server: an answer that falls back or resumes elsewhere
-#: could not honour them, so they are refused.
+#: could not honour them, so they are refused (the Responses API's ``previous_response_id``
+#: is the proxy's own: it keeps the responses, :mod:`.stored`).
 _STATEFUL = {
-    "previous_response_id": "send the whole conversation as input instead",
+    "previous_response_id": "send the whole conversation instead",
     "conversation": "send the whole conversation as input instead",
     "prompt": "send the prompt's text as input instead",
 }
@@ -60,8 +71,22 @@ class Call:
     include_usage: bool = False
     #: The Responses API's ``background``: the answer runs whether or not anyone reads it.
     background: bool = False
-    #: The Responses API's ``instructions``, as given (its response object echoes them).
+    #: The Responses API's ``instructions``, as given (its response object echoes them); when
+    #: given, ``messages`` starts with them as a system message.
     instructions: Any = None
+    #: The Responses API's ``previous_response_id``: ``messages`` holds that response's whole
+    #: conversation (after the instructions) once the proxy has looked it up.
+    previous: str | None = None
+    #: The Responses API's ``store``: the response is kept to be read and continued.
+    store: bool = True
+    #: The Responses API's input as its items, each with an id (``input_items`` lists them).
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def head(self) -> int:
+        """How many of ``messages`` are the instructions (0 or 1): they are not carried to a
+        response that continues this one."""
+        return 1 if self.api == "responses" and self.instructions else 0
 
 
 def parse(api: API, raw: bytes) -> Call:
@@ -107,12 +132,17 @@ def _parse(api: API, raw: bytes) -> Call:
         messages = _anthropic_messages(body.get("messages"), body.get("system"))
         max_tokens = body.get("max_tokens")
     else:
-        messages = _responses_messages(body.get("input"), body.get("instructions"))
+        previous = body.get("previous_response_id")
+        if previous is not None and (not isinstance(previous, str) or not previous):
+            raise BadRequest("previous_response_id must be a response's id (a string)")
+        messages = _responses_messages(
+            body.get("input"), body.get("instructions"), continued=previous is not None
+        )
         max_tokens = body.get("max_output_tokens")
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
         raise BadRequest("the token limit must be a positive integer")
     for name, instead in _STATEFUL.items():
-        if body.get(name) is not None:
+        if body.get(name) is not None and (api, name) != ("responses", "previous_response_id"):
             raise BadRequest(
                 f"{name} refers to state kept by one server, which an answer that falls back "
                 f"cannot use: {instead}"
@@ -139,7 +169,10 @@ def _parse(api: API, raw: bytes) -> Call:
     background = body.get("background", False) if api == "responses" else False
     if not isinstance(background, bool):
         raise BadRequest(f"background must be true or false, not {background!r:.40}")
-    if background and body.get("store") is False:
+    store = body.get("store", True) if api == "responses" else True
+    if not isinstance(store, bool):
+        raise BadRequest(f"store must be true or false, not {store!r:.40}")
+    if background and not store:
         raise BadRequest("background responses are kept to be read later: store must be true")
     return Call(
         api=api,
@@ -151,7 +184,37 @@ def _parse(api: API, raw: bytes) -> Call:
         params=params,
         include_usage=isinstance(options, Mapping) and bool(options.get("include_usage")),
         instructions=body.get("instructions") if api == "responses" else None,
+        previous=body.get("previous_response_id") if api == "responses" else None,
+        store=store,
+        items=input_items(body.get("input")) if api == "responses" else [],
     )
+
+
+def input_items(given: Any) -> list[dict[str, Any]]:
+    """A Responses request's input as the API lists it (``input_items``): items, each with an
+    id and a status, a string as one user message."""
+    if isinstance(given, str):
+        given = [{"type": "message", "role": "user", "content": given}]
+    out = []
+    for item in given if isinstance(given, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        item = dict(item)
+        kind = item.setdefault("type", "message")
+        if kind == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        if "id" not in item:
+            tag = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+            item["id"] = f"{tag.get(str(kind), 'item')}_{secrets.token_hex(16)}"
+        item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
+def responses_messages(items: Any) -> list[dict[str, Any]]:
+    """Responses API items (input or output) as OpenAI-shaped messages."""
+    return _responses_messages(items, None, continued=True) if items else []
 
 
 def _text(content: Any) -> str:
@@ -231,7 +294,8 @@ def _anthropic_messages(messages: Any, system: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _responses_messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
+def _responses_messages(items: Any, instructions: Any, *, continued: bool) -> list[dict[str, Any]]:
+    """``continued``: the input continues a stored response (it may hold only tool results)."""
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": _text(instructions)})
@@ -261,6 +325,12 @@ def _responses_messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
+            elif (
+                last is not None
+                and last["role"] == "assistant"
+                and isinstance(last["content"], str)
+            ):  # the text the model said before its call: one turn
+                last["tool_calls"] = [call]
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -273,6 +343,6 @@ def _responses_messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
                 }
             )
         # reasoning and other item kinds carry nothing a fallback model can use: dropped
-    if not any(m["role"] == "user" for m in out):
+    if not continued and not any(m["role"] == "user" for m in out):
         raise BadRequest("'input' has no user message")
     return out

@@ -374,6 +374,11 @@ class SharedAnswers:
         got = await self._script("answer_stop", [meta], [])
         return None if got is None else bool(got)
 
+    async def forget(self, answer_id: str) -> None:
+        """Delete an answer's keys (a deleted response: no process finds it again)."""
+        keys = list(self._keys(answer_id))
+        await self._do("forget", lambda redis: redis.delete(keys))
+
     # -- another process ------------------------------------------------------------------
 
     async def meta(self, answer_id: str) -> dict[str, str] | None:

@@ -240,7 +240,8 @@ async def test_openai_and_responses_parameters_reach_the_upstream() -> None:
 @pytest.mark.anyio
 async def test_a_parameter_a_fallback_route_lacks_is_a_400_naming_it() -> None:
     """seed, with an Anthropic route in the model's chain: 400 before any request, naming the
-    parameter and the route; state on one server (previous_response_id) is refused too."""
+    parameter and the route; state on one server (a ``conversation``) is refused too, and a
+    ``previous_response_id`` the proxy does not hold is a 404 — none of it sent upstream."""
     async with hostile(ANSWER) as up:
         config = proxy_config(
             up.url,
@@ -260,9 +261,15 @@ async def test_a_parameter_a_fallback_route_lacks_is_a_400_naming_it() -> None:
             assert "seed cannot be sent" in message and "'c'" in message
             r = await http.post(
                 run.url + "/v1/responses",
+                json={"model": "m", "input": "hi", "conversation": "conv_1"},
+            )
+            assert r.status_code == 400 and "conversation" in r.json()["error"]["message"]
+            r = await http.post(
+                run.url + "/v1/responses",
                 json={"model": "m", "input": "hi", "previous_response_id": "resp_1"},
             )
-            assert r.status_code == 400 and "previous_response_id" in r.json()["error"]["message"]
+            assert r.status_code == 404
+            assert r.json()["error"]["code"] == "previous_response_not_found"
         assert up.requests == []
 
 
