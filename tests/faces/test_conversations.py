@@ -266,3 +266,28 @@ def test_a_record_is_plain_json_with_its_conversation() -> None:
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"},
     ]
+
+
+async def test_the_store_keeps_within_its_bytes_and_its_time() -> None:
+    """In memory, past ``max_bytes`` the oldest record goes; past ``keep`` a record is not
+    found; ``[responses]`` with a bad value is one line naming it."""
+    from streamres.proxy.config import ConfigError, StoreLimits
+    from streamres.proxy.stored import ResponseStore, Stored
+
+    now = [1000.0]
+    store = ResponseStore(StoreLimits(keep=60, max_bytes=600), lambda: None, clock=lambda: now[0])
+
+    def record(n: int) -> Stored:
+        text = f"answer {n} " + "x" * 100
+        conversation = [{"role": "assistant", "content": text}]
+        return Stored(f"resp_{n}", "a", {"id": f"resp_{n}"}, [], conversation, now[0])
+
+    for n in range(6):
+        await store.put(record(n))
+    assert store.bytes <= 600 and await store.get("resp_0", "a") is None
+    assert await store.get("resp_5", "a") is not None
+    assert await store.get("resp_5", "b") is None
+    now[0] += 61
+    assert await store.get("resp_5", "a") is None
+    with pytest.raises(ConfigError, match=r"\[responses\]: responses.keep"):
+        parse({"routes": [{"name": "m", "model": "m"}], "responses": {"keep": 0}}, {})
