@@ -138,6 +138,7 @@ class Proxy:
         store = ResponseStore(config.responses, lambda: client._shared_state)
         self.conversations = Conversations(store, self.answers)
         self.answers.on_end = self.conversations.ended
+        self.answers.on_loss = store.rewrite
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":  # served on its own: answers live as long as it

@@ -17,8 +17,8 @@ from streamres.proxy.stored import Away, ResponseStore, Stored, page, stored_of
 __all__ = ["Conversations"]
 
 _AWAY = (
-    "this response cannot be looked up now: shared state is away, and this replica does not "
-    "hold it — try again"
+    "this response cannot be looked up now: shared state is away (or has just come back, and "
+    "the replicas are writing what it lost again), and this replica does not hold it — try again"
 )
 
 
@@ -57,6 +57,9 @@ class Conversations:
         if stored is not None:
             return stored
         held = await self._held(response_id, owner)
+        shared = self.answers.shared
+        if held is None and shared is not None and await shared.unsure():
+            raise Refused(503, _AWAY, 2.0)  # Redis away, or lately back: it may exist
         if held is None or not held.call.store:
             return None
         if not held.log.ended:

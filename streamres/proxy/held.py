@@ -107,6 +107,9 @@ class Answers:
         #: Called when an answer this process produced (or stopped) has ended: the proxy
         #: stores Responses API responses so (:mod:`.stored`).
         self.on_end: Callable[[Held], Awaitable[None]] | None = None
+        #: Called after Redis came back, or lost its data, once this process's answers are
+        #: written again: the proxy writes its stored responses again too.
+        self.on_loss: Callable[[], Awaitable[None]] | None = None
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -569,6 +572,8 @@ class Answers:
                 continue
             if rejoined != shared.shared.rejoined_at or (mark is not None and now[1] != mark[1]):
                 await self.rewrite_all()
+                if self.on_loss is not None:
+                    await self.on_loss()
             rejoined, mark = shared.shared.rejoined_at, now
 
     async def find_shared(self, answer_id: str, owner: str | None) -> Held | None:

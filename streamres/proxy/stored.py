@@ -14,7 +14,10 @@ A record is its client key's (any other key is told it does not exist) and is ke
 seconds: in this process's memory within ``max_bytes`` (past it, the oldest go from memory),
 and with shared state in Redis too — one key per response, expiring with it — where every
 replica finds it. While Redis is away, a response not in memory may exist all the same: the
-caller is told to try again (:class:`Away`), never that it does not exist. An answer that
+caller is told to try again (:class:`Away`), never that it does not exist. When Redis comes
+back, or turns out to have lost its data, each process writes the records it has in memory
+again (:meth:`ResponseStore.rewrite`), and meanwhile (while answers settle) a response not
+found is a "try again" too. An answer that
 ended a moment ago is still held (:mod:`.held`), and is found there before it is stored.
 ``store: false`` keeps nothing here: the answer is held for its readers, then forgotten.
 """
@@ -152,9 +155,22 @@ class ResponseStore:
         """Keep ``stored`` (in Redis too when shared: if Redis is away, in memory only)."""
         data = stored.dumps()
         self._remember(stored, len(data.encode()))
-        keep = max(1, int(self.limits.keep))
-        with contextlib.suppress(Away):  # here only: other replicas find its held answer
-            await self._redis(lambda redis, key: redis.set(key, data, ex=keep), stored.id)
+        await self._write(stored.id, data, max(1, int(self.limits.keep)))
+
+    async def _write(self, response_id: str, data: str, seconds: int) -> None:
+        """The record in Redis, for ``seconds`` (Redis away: here only; other replicas find
+        its answer while that is held, and it is written once Redis is back)."""
+        with contextlib.suppress(Away):
+            await self._redis(lambda redis, key: redis.set(key, data, ex=seconds), response_id)
+
+    async def rewrite(self) -> None:
+        """Redis came back, or lost its data: every record in memory written again (with the
+        time it has left), those stored while it was away included."""
+        now = self.clock()
+        for stored, _ in list(self._memory.values()):
+            left = int(self.limits.keep - (now - stored.at))
+            if left >= 1:
+                await self._write(stored.id, stored.dumps(), left)
 
     async def get(self, response_id: str, owner: str | None) -> Stored | None:
         """The stored response of that id, if ``owner``'s and kept; :class:`Away` when it may

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -23,7 +24,7 @@ from openresponses_types import types as spec
 from streamres.proxy.config import parse
 from streamres.proxy.serve import running
 from streamres.upstream import FaultPlan, Upstream
-from tests.helpers.answers import proxy_process
+from tests.helpers.answers import proxy_process, shared_config
 
 pytestmark = pytest.mark.anyio
 
@@ -242,6 +243,42 @@ async def test_a_conversation_goes_on_at_another_replica_after_a_kill(
                 if p.returncode is None:
                     p.kill()
                     await p.wait()
+
+
+async def test_stored_responses_are_written_again_after_redis_lost_them(
+    redis_server: Any,
+) -> None:
+    """A turn answered by A (not streamed: nothing but its record keeps it), then Redis
+    restarted empty: while the replicas write again what it lost, a continuation on B is a
+    503 with Retry-After (never a 404); then it carries the conversation."""
+    async with (
+        Upstream(words=12) as up,
+        running(shared_config(up), port=0, redis=redis_server.url) as a,
+        running(shared_config(up), port=0, redis=redis_server.url) as b,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        first = await http.post(
+            a.url + "/v1/responses", json={"model": "m", "input": "Hi, I am Ada."}
+        )
+        previous = first.json()["id"]
+        redis_server.stop()
+        redis_server.start()
+        body = {"model": "m", "input": "Who am I?", "previous_response_id": previous}
+        statuses = []
+        with anyio.fail_after(30):
+            while True:
+                r = await http.post(b.url + "/v1/responses", json=body)
+                statuses.append(r.status_code)
+                if r.status_code != 503:
+                    break
+                assert r.headers["retry-after"]
+                await anyio.sleep(0.2)  # as a client told to try again
+        assert statuses[-1] == 200 and set(statuses[:-1]) <= {503}, statuses
+        assert r.json()["previous_response_id"] == previous
+        assert _turns(up.requests[-1].body)[:2] == [
+            ("user", "Hi, I am Ada."),
+            ("assistant", first.json()["output"][0]["content"][0]["text"]),
+        ]
 
 
 def test_a_record_is_plain_json_with_its_conversation() -> None:

@@ -166,3 +166,24 @@ async def test_as_specified_through_the_storm(seed: int) -> None:
                 assert lifecycle[-1]["status"] in ("completed", "incomplete", "failed")
             else:
                 assert r.status_code >= 400 and "error" in r.json()
+
+
+async def test_a_continued_response_is_as_specified() -> None:
+    """A response that continues another (``previous_response_id``), streamed and in the
+    background: every event and object validates, and names the response it continues."""
+    async with Upstream(words=20) as up:
+        config = parse({"routes": [{"name": "m", "model": "m", "base_url": up.openai_url}]}, {})
+        async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
+            first = await http.post(run.url + "/v1/responses", json={"model": "m", "input": "Hi."})
+            previous = first.json()["id"]
+            body = {"model": "m", "input": "And then?", "previous_response_id": previous}
+            streamed = await http.post(run.url + "/v1/responses", json={**body, "stream": True})
+            lifecycle = _check_stream(streamed.text)
+            assert lifecycle and all(r["previous_response_id"] == previous for r in lifecycle)
+            queued = await http.post(run.url + "/v1/responses", json={**body, "background": True})
+            _strict(spec.ResponseResource, queued.text)
+            await run.proxy.answers.settled()
+            kept = await http.get(f"{run.url}/v1/responses/{queued.json()['id']}")
+            _strict(spec.ResponseResource, kept.text)
+            assert kept.json()["previous_response_id"] == previous
+            assert kept.json()["status"] == "completed"
