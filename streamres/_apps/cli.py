@@ -289,6 +289,13 @@ def _proxy_parser() -> argparse.ArgumentParser:
         "streamres[hypercorn])",
     )
     p.add_argument(
+        "--loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default="auto",
+        help="the event loop: uvloop when installed (auto; streamres[proxy] brings it, but on "
+        "Windows), or asyncio's own",
+    )
+    p.add_argument(
         "--redis",
         help="share limits, breakers and cool-downs with other workers and proxies "
         "(redis://host:6379/0, redis+cluster://host:port,…, redis+sentinel://host:port/service)",
@@ -320,9 +327,20 @@ def _proxy(argv: list[str], verbose: bool = False) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            proxy.serve_workers(args.config, args.redis, args.host, args.port, args.workers)
+            proxy.serve_workers(
+                args.config, args.redis, args.host, args.port, args.workers, args.loop
+            )
             return 0
-        anyio.run(proxy.serve, config, args.host, args.port, args.faults, args.server, args.redis)
+        anyio.run(
+            proxy.serve,
+            config,
+            args.host,
+            args.port,
+            args.faults,
+            args.server,
+            args.redis,
+            backend_options=proxy.event_loop(args.loop),
+        )
     except (proxy.ConfigError, InvalidRequest, ValueError) as exc:
         print(f"streamres proxy: {exc}", file=sys.stderr)
         return 2

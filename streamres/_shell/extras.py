@@ -20,6 +20,7 @@ __all__ = ["EXTRAS", "install_hint", "installed", "require"]
 #: module -> (the streamres extra that installs it, the PyPI package's name)
 EXTRAS: Final[dict[str, tuple[str, str]]] = {
     "uvicorn": ("proxy", "uvicorn"),
+    "uvloop": ("proxy", "uvloop"),
     "hypercorn": ("hypercorn", "hypercorn"),
     "coredis": ("shared", "coredis"),
     "wordllama": ("semantic", "wordllama"),

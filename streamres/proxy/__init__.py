@@ -11,6 +11,7 @@ from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, ConfigError, load
 from streamres.proxy.serve import (
     embedded_models,
+    event_loop,
     require_server,
     running,
     serve,
@@ -22,6 +23,7 @@ __all__ = [
     "ConfigError",
     "Proxy",
     "embedded_models",
+    "event_loop",
     "load",
     "require_server",
     "running",

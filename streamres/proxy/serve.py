@@ -24,6 +24,7 @@ import anyio
 
 import streamres
 from streamres._shell.apps import log, redact_url, require
+from streamres._shell.extras import installed
 from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, HoldLimits, ServerLimits, load
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
@@ -67,6 +68,18 @@ def require_server(server: str) -> None:
     if server not in ("uvicorn", "hypercorn"):
         raise ValueError(f"server must be 'uvicorn' or 'hypercorn', not {server!r}")
     require(server, f"streamres proxy (--server {server})")
+
+
+def event_loop(loop: str) -> dict[str, Any]:
+    """anyio's backend options for ``--loop``: ``uvloop`` (libuv's loop, as uvicorn picks
+    it), ``asyncio`` (the standard library's), or ``auto`` (uvloop when it is installed,
+    which ``streamres[proxy]`` does where it runs: not on Windows)."""
+    if loop not in ("auto", "asyncio", "uvloop"):
+        raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', not {loop!r}")
+    if loop == "uvloop":
+        require("uvloop", "streamres proxy --loop uvloop", otherwise="--loop asyncio")
+    use = loop == "uvloop" or (loop == "auto" and installed("uvloop"))
+    return {"use_uvloop": use}
 
 
 @contextlib.asynccontextmanager
@@ -123,7 +136,14 @@ def worker_app() -> WorkerApp:
     return WorkerApp()
 
 
-def serve_workers(config_path: str, redis: str | None, host: str, port: int, workers: int) -> None:
+def serve_workers(
+    config_path: str,
+    redis: str | None,
+    host: str,
+    port: int,
+    workers: int,
+    loop: str = "auto",
+) -> None:
     """``streamres proxy --workers N``: N processes on one port (uvicorn's supervisor)."""
     require_server("uvicorn")
     import uvicorn
@@ -149,6 +169,7 @@ def serve_workers(config_path: str, redis: str | None, host: str, port: int, wor
         access_log=False,
         **_server_settings(limits),
         http="streamres.proxy.connections:Guarded",  # each worker sets its limits at startup
+        loop="uvloop" if event_loop(loop)["use_uvloop"] else "asyncio",
     )
 
 

@@ -58,6 +58,26 @@ def test_the_proxy_without_its_server_says_what_to_install(
     ]
 
 
+def test_the_proxy_runs_on_uvloop_when_it_can_and_says_so_when_asked_without_it() -> None:
+    """``--loop auto`` takes uvloop where ``streamres[proxy]`` installed it, asyncio's own loop
+    where it is not; ``--loop uvloop`` without it is one line with the pip command, exit 2."""
+    from streamres.proxy import event_loop
+
+    assert event_loop("auto") == {"use_uvloop": True}  # the test environment has the extra
+    assert event_loop("asyncio") == {"use_uvloop": False}
+    without = run_without(
+        "uvloop", "from streamres.proxy import event_loop; print(event_loop('auto'))"
+    )
+    assert without.stdout.strip() == "{'use_uvloop': False}", without.stderr
+    argv = ["proxy", "--loop", "uvloop"]
+    got = run_without("uvloop", f"from streamres._apps.cli import main; sys.exit(main({argv!r}))")
+    assert got.returncode == 2 and "Traceback" not in got.stderr
+    assert got.stderr.strip().splitlines() == [
+        "streamres proxy: streamres proxy --loop uvloop needs uvloop, which is not installed: "
+        "pip install 'streamres[proxy]' (or --loop asyncio)"
+    ]
+
+
 @pytest.mark.parametrize(
     ("module", "code", "extra"),
     [
