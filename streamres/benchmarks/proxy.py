@@ -135,7 +135,8 @@ def _litellm_proxy(upstream: str) -> Iterator[tuple[str, int]]:
         [exe, "--config", path, "--port", str(port), "--host", "127.0.0.1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "LITELLM_MASTER_KEY": _KEY},
+        # Its model price list from the package, not fetched from GitHub at start.
+        env={**os.environ, "LITELLM_MASTER_KEY": _KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
     )
     url = f"http://127.0.0.1:{port}"
     try:
