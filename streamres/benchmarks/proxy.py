@@ -14,7 +14,9 @@ and under hypercorn for comparison; LiteLLM's proxy when it is installed), clien
 - per request: the time to the first token and to the whole answer (p50, p99) of short
   answers at full speed, one request at a time and ten at once, over one kept-alive client —
   straight, through a bare relay (``benchmarks/relay``: bytes passed on, nothing read) and
-  through each proxy, all in the same run.
+  through each proxy, all in the same run. The relay and the proxy run on the same event loop
+  (uvloop where it is installed, as uvicorn and ``streamres proxy`` pick it); with uvloop, the
+  proxy once more on asyncio's own loop (``--loop asyncio``), to show what the loop is worth.
 """
 
 from __future__ import annotations
@@ -84,9 +86,9 @@ def _upstream(*extra: str) -> contextlib.AbstractContextManager[tuple[str, int]]
 
 
 @contextlib.contextmanager
-def _proxy(upstream: str, server: str = "uvicorn") -> Iterator[tuple[str, int]]:
-    """A proxy process in front of ``upstream``: streamres (under uvicorn or hypercorn), or
-    LiteLLM's (``server="litellm"``)."""
+def _proxy(upstream: str, server: str = "uvicorn", loop: str = "auto") -> Iterator[tuple[str, int]]:
+    """A proxy process in front of ``upstream``: streamres (under uvicorn or hypercorn, on
+    ``loop``), or LiteLLM's (``server="litellm"``)."""
     if server == "litellm":
         with _litellm_proxy(upstream) as got:
             yield got
@@ -110,6 +112,8 @@ def _proxy(upstream: str, server: str = "uvicorn") -> Iterator[tuple[str, int]]:
                 path,
                 "--server",
                 server,
+                "--loop",
+                loop,
             ],
             "streamres proxy on",
         ) as got:
@@ -416,6 +420,9 @@ async def _per_request(requests: int, words: int) -> list[dict[str, Any]]:
             ("bare relay", lambda: _relay(up)),
             *((_label(s), lambda s=s: _proxy(up, s)) for s in _servers()),
         ]
+        if installed("uvloop"):  # what the event loop is worth: the proxy on asyncio's own
+            on_asyncio = ("streamres proxy (uvicorn, asyncio loop)", "uvicorn", "asyncio")
+            paths.insert(3, (on_asyncio[0], lambda: _proxy(up, *on_asyncio[1:])))
         for label, start in paths:
             with start() as (url, _pid):
                 for concurrency in (1, 10):
