@@ -118,7 +118,10 @@ class Conversations:
                 self.answers.drop(held)
                 if self.answers.shared is not None:
                     await self.answers.shared.forget(response_id)
-            await self.store.delete(response_id, owner)
+            try:
+                await self.store.delete(response_id, owner)
+            except Away:
+                raise Refused(503, _AWAY, 2.0) from None
             return 200, {"id": response_id, "object": "response", "deleted": True}
         if verb == "items":
             items = stored.input if stored is not None else held.call.items if held else None
@@ -128,14 +131,6 @@ class Conversations:
                 return 200, page(items, query)
             except ValueError as exc:
                 raise Refused(400, str(exc)) from None
-        if stored is None:
-            return None
-        if verb == "read" and query.get("stream") == "true":
-            if held is not None:
-                return None  # its events are still held: read again
-            raise Refused(
-                400,
-                "this response ended and its events are no longer held to be streamed again: "
-                "GET it without stream=true",
-            )
+        if stored is None or (verb == "read" and query.get("stream") == "true"):
+            return None  # the held answer's (its events are read again while they are held)
         return 200, stored.response  # read, or cancelled after its end: as it ended
