@@ -24,7 +24,7 @@ from openresponses_types import types as spec
 from streamres.proxy.config import parse
 from streamres.proxy.serve import running
 from streamres.upstream import FaultPlan, Upstream
-from tests.helpers.answers import proxy_process, shared_config
+from tests.helpers.answers import WEATHER_TOOL, proxy_process, shared_config
 
 pytestmark = pytest.mark.anyio
 
@@ -32,19 +32,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"  # uvicorn and the official SDK run on asyncio
-
-
-TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-    "strict": False,
-}
 
 
 def _config(up: Upstream, **more: Any) -> Any:
@@ -126,7 +113,7 @@ async def test_five_turns_with_a_tool_round_across_providers_through_a_storm() -
         r3 = await turn(
             model="chat",
             input="What is the weather in Paris? Use the tool.",
-            tools=[TOOL],
+            tools=[WEATHER_TOOL],
             previous_response_id=r2.id,
             stream=True,
         )
@@ -139,7 +126,9 @@ async def test_five_turns_with_a_tool_round_across_providers_through_a_storm() -
             {"type": "function_call_output", "call_id": c.call_id, "output": "sunny, 21 C"}
             for c in calls
         ]
-        r4 = await turn(model="chat", input=outputs, tools=[TOOL], previous_response_id=r3.id)
+        r4 = await turn(
+            model="chat", input=outputs, tools=[WEATHER_TOOL], previous_response_id=r3.id
+        )
         assert r4.output_text and not [o for o in r4.output if o.type == "function_call"]
         seen.append(("assistant", r4.output_text))
         r5 = await turn(model="claude", input="Thank you.", previous_response_id=r4.id, stream=True)

@@ -16,7 +16,7 @@ from openresponses_types import types as spec
 from streamres.proxy.config import parse
 from streamres.proxy.serve import running
 from streamres.upstream import Upstream
-from tests.helpers.answers import Q
+from tests.helpers.answers import WEATHER_TOOL, Q
 
 pytestmark = pytest.mark.anyio
 
@@ -123,17 +123,7 @@ async def test_response_objects_and_events_are_as_specified() -> None:
 async def test_tools_are_echoed_and_their_calls_are_as_specified() -> None:
     """A function tool offered: echoed as given, and the call's items and argument events
     validate."""
-    tool = {
-        "type": "function",
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-        "strict": False,
-    }
+    tool = WEATHER_TOOL
     async with Upstream(words=20) as up:
         config = parse({"routes": [{"name": "m", "model": "m", "base_url": up.openai_url}]}, {})
         async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:

@@ -20,6 +20,19 @@ from tests.helpers.redis import free_port
 
 Q = [{"role": "user", "content": "Explain TCP slow start in a few sentences."}]
 
+#: A Responses API function tool (the embedded upstream calls it when a question asks to).
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+    "strict": False,
+}
+
 
 def sse_block(block: str) -> dict[str, Any] | None:
     """One SSE event as ``{"id", "event", "data"}`` (``None``: a comment, or no id)."""
