@@ -178,6 +178,8 @@ async def test_a_response_is_its_keys_and_store_false_keeps_nothing() -> None:
                 await attempt
         on = await a.responses.create(model="chat", input="Go on.", previous_response_id=mine.id)
         assert on.previous_response_id == mine.id
+        kept = await a.responses.create(model="claude", input="Keep it.", store=True)
+        assert kept.store is True  # the proxy's own field: an Anthropic route takes it too
         unkept = await a.responses.create(model="chat", input="Forget it.", store=False)
         assert unkept.store is False
         with pytest.raises(openai.NotFoundError):
