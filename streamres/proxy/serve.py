@@ -23,8 +23,7 @@ from typing import Any
 import anyio
 
 import streamres
-from streamres._shell.apps import log, redact_url, require
-from streamres._shell.extras import installed
+from streamres._shell.apps import installed, log, redact_url, require
 from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, HoldLimits, ServerLimits, load
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
