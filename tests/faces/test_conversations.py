@@ -319,3 +319,22 @@ async def test_the_store_keeps_within_its_bytes_and_its_time() -> None:
     assert await store.get("resp_5", "a") is None
     with pytest.raises(ConfigError, match=r"\[responses\]: responses.keep"):
         parse({"routes": [{"name": "m", "model": "m"}], "responses": {"keep": 0}}, {})
+
+
+def test_input_items_page_as_the_api_pages_them() -> None:
+    """``limit``, ``order`` (newest first by default) and ``after``, with ``has_more`` and the
+    first and last ids; a bad parameter is a ``ValueError`` (the proxy's 400)."""
+    from streamres.proxy.stored import page
+
+    items = [{"id": f"msg_{i}"} for i in range(5)]
+    first = page(items, {"limit": "2"})
+    assert [i["id"] for i in first["data"]] == ["msg_4", "msg_3"] and first["has_more"]
+    assert (first["first_id"], first["last_id"]) == ("msg_4", "msg_3")
+    rest = page(items, {"limit": "2", "after": first["last_id"]})
+    assert [i["id"] for i in rest["data"]] == ["msg_2", "msg_1"] and rest["has_more"]
+    last = page(items, {"order": "asc", "after": "msg_3"})
+    assert [i["id"] for i in last["data"]] == ["msg_4"] and not last["has_more"]
+    assert page([], {})["data"] == [] and page([], {})["first_id"] is None
+    for bad in ({"limit": "0"}, {"limit": "101"}, {"order": "up"}, {"after": "msg_9"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            page(items, bad)
