@@ -3,7 +3,8 @@ uses it: ``previous_response_id`` over five turns with a tool round in the middl
 whose upstreams speak Chat Completions and Anthropic, through a storm (a retry, resumes, a
 fallback); ``retrieve``, ``input_items.list`` and ``delete`` as the SDK types them; another
 key's response a 404; a conversation going on at another replica after the one that served it
-was killed (a real Redis, ``streamres proxy`` processes). What each turn's upstream received
+was killed (a real Redis, ``streamres proxy`` processes); OpenAI's Agents SDK running its tool
+loop on the state the proxy keeps. What each turn's upstream received
 is checked against what the client was given: the conversation carried is the one it saw."""
 
 from __future__ import annotations
@@ -155,6 +156,48 @@ async def test_five_turns_with_a_tool_round_across_providers_through_a_storm() -
         with pytest.raises(openai.NotFoundError) as gone:
             await sdk.responses.create(model="chat", input="And?", previous_response_id=r2.id)
         assert gone.value.code == "previous_response_not_found"
+
+
+async def test_the_agents_sdk_runs_its_tool_loop_on_the_proxys_state() -> None:
+    """OpenAI's Agents SDK (``openai-agents``) with a function tool, on a model whose route
+    speaks Anthropic, with the state kept by the server (``auto_previous_response_id``): its
+    tool round sends only the tool's output and the previous response's id, and the upstream
+    gets the whole turn; a second run on ``previous_response_id`` goes on from the first."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # its traces would go to OpenAI's servers
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return "sunny, 21 C"
+
+    question = "What is the weather in Paris? Use the tool."
+    async with (
+        Upstream(words=12) as up,
+        running(_config(up), port=0) as run,
+        AsyncOpenAI(base_url=run.url + "/v1", api_key="none", max_retries=0) as client,
+    ):
+        model = OpenAIResponsesModel(model="claude", openai_client=client)
+        agent = Agent(name="weather", instructions="Be brief.", tools=[get_weather], model=model)
+        first = await Runner.run(agent, question, auto_previous_response_id=True)
+        assert len(asked) == 1 and first.final_output
+        assert len(up.requests) == 2  # the question, then the tool's output on stored state
+        turn = _turns(up.requests[1].body)
+        call = turn[-2][1]
+        assert turn[0] == ("user", question) and turn[-2:] == [
+            ("call", call),
+            ("tool", "sunny, 21 C"),
+        ]
+        second = await Runner.run(agent, "Thank you.", previous_response_id=first.last_response_id)
+        assert second.final_output
+        assert _turns(up.requests[2].body) == [
+            *turn,
+            ("assistant", first.final_output),
+            ("user", "Thank you."),
+        ]
 
 
 async def test_a_response_is_its_keys_and_store_false_keeps_nothing() -> None:
