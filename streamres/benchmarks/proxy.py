@@ -421,8 +421,8 @@ async def _per_request(requests: int, words: int) -> list[dict[str, Any]]:
             *((_label(s), lambda s=s: _proxy(up, s)) for s in _servers()),
         ]
         if installed("uvloop"):  # what the event loop is worth: the proxy on asyncio's own
-            on_asyncio = ("streamres proxy (uvicorn, asyncio loop)", "uvicorn", "asyncio")
-            paths.insert(3, (on_asyncio[0], lambda: _proxy(up, *on_asyncio[1:])))
+            label = "streamres proxy (uvicorn, asyncio loop)"
+            paths.insert(3, (label, lambda: _proxy(up, "uvicorn", "asyncio")))
         for label, start in paths:
             with start() as (url, _pid):
                 for concurrency in (1, 10):

@@ -44,16 +44,22 @@ class Conversations:
         held = answers.find(response_id, owner) or await answers.find_shared(response_id, owner)
         return held if held is not None and held.call.api == "responses" else None
 
+    async def _stored(
+        self, response_id: str, owner: str | None, held: Held | None
+    ) -> Stored | None:
+        """The stored record; with Redis away, ``None`` when ``held`` (this process's) can
+        answer instead, else a 503."""
+        try:
+            return await self.store.get(response_id, owner)
+        except Away:
+            if held is None:
+                raise Refused(503, _AWAY, 2.0) from None
+            return None
+
     async def _find(self, response_id: str, owner: str | None) -> Stored | None:
         """The stored response, or the record of an ended answer still held (stored a moment
         from now, or held by a replica that went before it stored it)."""
-        try:
-            stored = await self.store.get(response_id, owner)
-        except Away:
-            stored = None
-            held = self.answers.find(response_id, owner)
-            if held is None:
-                raise Refused(503, _AWAY, 2.0) from None
+        stored = await self._stored(response_id, owner, self.answers.find(response_id, owner))
         if stored is not None:
             return stored
         held = await self._held(response_id, owner)
@@ -104,12 +110,7 @@ class Conversations:
             held = self.answers.find(response_id, owner)
             if held is not None and not held.log.ended:
                 return None  # read or cancelled as it runs
-        try:
-            stored = await self.store.get(response_id, owner)
-        except Away:
-            if held is None:
-                raise Refused(503, _AWAY, 2.0) from None
-            stored = None
+        stored = await self._stored(response_id, owner, held)
         if verb == "delete":
             if stored is None and held is None:
                 return None  # the held answers' 404
