@@ -10,6 +10,7 @@ any case, shortened to its head or tail, or base64-encoded), and the credentials
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlsplit
@@ -35,6 +36,7 @@ def url_secrets(url: str) -> list[str]:
     return found
 
 
+@functools.lru_cache(maxsize=256)  # a client's few routes, masked once each
 def redact_url(url: str) -> str:
     """``url`` with its user information and secret query values masked."""
     out = re.sub(r"(?<=://)[^/@?#]*@", MASK + "@", url, count=1)

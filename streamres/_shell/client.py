@@ -49,7 +49,6 @@ from streamres._shell.shared.cache import SharedCache
 from streamres._shell.shared.servers import Servers
 from streamres._shell.stream import (
     POOLS,
-    STREAMING_POOL,
     Pools,
     ResilientStream,
     _run,
@@ -204,12 +203,7 @@ class Client:
     async def __aenter__(self) -> Client:
         if self._http is None:
             verify = await _shared_ssl_context()
-            self._pools = Pools(
-                [
-                    httpx.AsyncClient(verify=verify, timeout=None, limits=STREAMING_POOL)
-                    for _ in range(POOLS)
-                ]
-            )
+            self._pools = Pools.made(verify, POOLS)
             self._http = self._pools.clients[0]
         self._stack = contextlib.AsyncExitStack()
         tg = await self._stack.enter_async_context(anyio.create_task_group())

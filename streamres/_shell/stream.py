@@ -13,11 +13,13 @@ deadline moves, never a cancel scope across a ``yield`` of this async generator)
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import re
 import socket
 import ssl
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from types import TracebackType
@@ -96,9 +98,32 @@ POOLS = 64
 class Pools:
     """A ``Client``'s connection pools and how many streams each carries now."""
 
-    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
+    def __init__(
+        self,
+        clients: list[httpx.AsyncClient],
+        transports: list[httpx.AsyncBaseTransport] | None = None,
+    ) -> None:
         self.clients = clients
+        #: Each pool's transport, which its requests go to directly (:func:`_open`); ``None``:
+        #: they go through the client.
+        self.transports = transports
         self.streams = [0] * len(clients)
+
+    @classmethod
+    def made(cls, verify: ssl.SSLContext, count: int = POOLS) -> Pools:
+        """``count`` pools of :data:`STREAMING_POOL`. Their requests go to the transport itself,
+        unless the environment names a proxy (``HTTPS_PROXY``, …), which the client mounts
+        and picks per URL."""
+        if urllib.request.getproxies():
+            clients = [
+                httpx.AsyncClient(verify=verify, timeout=None, limits=STREAMING_POOL)
+                for _ in range(count)
+            ]
+            return cls(clients)
+        transports: list[httpx.AsyncBaseTransport] = [
+            httpx.AsyncHTTPTransport(verify=verify, limits=STREAMING_POOL) for _ in range(count)
+        ]
+        return cls([httpx.AsyncClient(transport=t, timeout=None) for t in transports], transports)
 
     def take(self) -> int:
         """The pool for a new stream (its index): the least busy, the first of those."""
@@ -306,6 +331,47 @@ def _transport_failure(exc: Exception, url: str) -> Failure:
     return failure("connection", f"connection lost mid-response ({str(exc) or type(exc).__name__})")
 
 
+#: Upstream URLs parsed (httpx parses a URL in Python: a third of building a request), by
+#: their text; a client's routes make a handful.
+_URLS: dict[str, httpx.URL] = {}
+
+
+def _url(text: str) -> httpx.URL:
+    url = _URLS.get(text)
+    if url is None:
+        if len(_URLS) >= 256:
+            _URLS.clear()
+        url = _URLS[text] = httpx.URL(text)
+    return url
+
+
+def _http_request(client: httpx.AsyncClient, req: HttpRequest, connect: float) -> httpx.Request:
+    """``req`` as an httpx request: the client's default headers under the request's own
+    (names matched in any case), the body as JSON, no timeout but ``connect``. Built here
+    rather than by ``client.build_request``, which merges a base URL, query parameters and the
+    client's cookie jar that a ``Client``'s requests never have — a quarter of the proxy's work
+    before the request goes out — and would send cookies one upstream response set with every
+    later request, whichever caller made it."""
+    own = {name.lower() for name in req.headers}
+    headers = [(k, v) for k, v in client.headers.items() if k not in own]
+    if "accept-encoding" not in own:
+        headers = [(k, v) for k, v in headers if k != "accept-encoding"]
+        headers.append(("accept-encoding", ACCEPT_ENCODING))
+    headers.extend(req.headers.items())
+    content = None
+    if req.method == "POST":
+        # As httpx writes a ``json=`` body.
+        content = json.dumps(
+            req.body, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        ).encode("utf-8")
+        if "content-type" not in own:
+            headers.append(("content-type", "application/json"))
+    timeout = httpx.Timeout(None, connect=connect).as_dict()
+    return httpx.Request(
+        req.method, _url(req.url), headers=headers, content=content, extensions={"timeout": timeout}
+    )
+
+
 #: httpcore trace events that mark the end of the wait for a pooled connection.
 _SERVED = ("connect_tcp.started", "send_request_headers.started")
 
@@ -315,6 +381,16 @@ def _server(url: httpx.URL) -> str:
     return f"{url.scheme}://{url.host}:{url.port or (443 if url.scheme == 'https' else 80)}"
 
 
+async def _open(transport: httpx.AsyncBaseTransport, request: httpx.Request) -> httpx.Response:
+    """``request`` sent by its transport, as ``AsyncClient.send`` sends it without following
+    redirects, less the client's layers that a ``Client``'s requests never use: auth, event
+    hooks and the cookie jar — which would keep the cookies one upstream response set, for
+    nobody, at a tenth of the library's work per request."""
+    response = await transport.handle_async_request(request)
+    response.request = request
+    return response
+
+
 async def _send(
     client: httpx.AsyncClient,
     request: httpx.Request,
@@ -322,6 +398,7 @@ async def _send(
     t_end: float,
     stall: float,
     connects: Connects | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> tuple[httpx.Response | None, Failure | None, float]:
     """Send ``request`` and wait for the response headers: (response, failure, queued seconds).
 
@@ -358,7 +435,10 @@ async def _send(
 
         request.extensions["trace"] = trace
         try:
-            response = await client.send(request, stream=True, follow_redirects=False)
+            if transport is not None:
+                response = await _open(transport, request)
+            else:
+                response = await client.send(request, stream=True, follow_redirects=False)
         except httpx.TransportError as exc:
             failed = _transport_failure(exc, str(request.url))
             return None, failed, (served[0] if served else started) - started
@@ -407,10 +487,16 @@ class _Shell:
     """Performs one answer's actions; owns its HTTP client (if it made one) and response."""
 
     def __init__(
-        self, answer: Answer, client: httpx.AsyncClient | None, limits: Limits | None
+        self,
+        answer: Answer,
+        client: httpx.AsyncClient | None,
+        limits: Limits | None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.answer = answer
         self.client = client
+        #: The client's transport, when requests go to it directly (:meth:`Pools.made`).
+        self.transport = transport
         self.own_client = client is None
         self.limits = limits
         self.now = clock()
@@ -475,13 +561,7 @@ class _Shell:
         try:
             # The connect timer gets what the loop's own lateness may cost it (policy rule 9).
             allowance = connect_allowance(self.late())
-            request = self.client.build_request(
-                req.method,
-                req.url,
-                headers={"accept-encoding": ACCEPT_ENCODING, **req.headers},
-                json=req.body if req.method == "POST" else None,
-                timeout=httpx.Timeout(None, connect=act.connect_timeout + allowance),
-            )
+            request = _http_request(self.client, req, act.connect_timeout + allowance)
         except (httpx.InvalidURL, httpx.HTTPError, TypeError, ValueError) as exc:
             why = f"cannot build the request to {redact_url(req.url)}: {exc}"
             raise answer.unbuildable(why) from exc
@@ -492,6 +572,7 @@ class _Shell:
             t_end=act.until,
             stall=act.stall,
             connects=connects,
+            transport=self.transport,
         )
         if response is None:
             assert fail is not None
@@ -580,13 +661,14 @@ async def _run(
     )
     mask_http_logs(answer.secrets)
     pools: Pools | None = None
-    pool, client = 0, None
+    pool, client, transport = 0, None, None
     if isinstance(http, Pools):
         pools, pool = http, http.take()
         client = http.clients[pool]
+        transport = http.transports[pool] if http.transports is not None else None
     else:
         client = http
-    shell = _Shell(answer, client, limits)
+    shell = _Shell(answer, client, limits, transport)
     fleet = opts.fleet
     shared = limits if isinstance(limits, SharedState) else None
     try:

@@ -373,9 +373,9 @@ def _text_of(raw: bytes) -> str:
 
 
 async def _timed(
-    url: str, concurrency: int, requests: int, words: int
+    client: httpx.AsyncClient, url: str, concurrency: int, requests: int, words: int
 ) -> tuple[list[float], list[float], list[bytes]]:
-    """``requests`` answers, ``concurrency`` at a time over one kept-alive client: each one's
+    """``requests`` answers, ``concurrency`` at a time over ``client`` (kept alive): each one's
     seconds to its first token and to its end, and its body."""
     body = {"model": "m", "messages": Q, "stream": True}
     headers = {"x-upstream-words": str(words), "authorization": f"Bearer {_KEY}"}
@@ -383,64 +383,91 @@ async def _timed(
     total: list[float] = []
     bodies: list[bytes] = []
     left = requests
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
 
-        async def worker() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                t0 = time.perf_counter()
-                got, seen = b"", None
-                async with client.stream(
-                    "POST", url + "/v1/chat/completions", json=body, headers=headers
-                ) as r:
-                    async for chunk in r.aiter_raw():
-                        got += chunk
-                        if seen is None and b'"content":"' in got.replace(b'"content":""', b""):
-                            seen = time.perf_counter() - t0
-                total.append(time.perf_counter() - t0)
-                first.append(seen if seen is not None else total[-1])
-                bodies.append(got)
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            t0 = time.perf_counter()
+            got, seen = b"", None
+            async with client.stream(
+                "POST", url + "/v1/chat/completions", json=body, headers=headers
+            ) as r:
+                async for chunk in r.aiter_raw():
+                    got += chunk
+                    if seen is None and b'"content":"' in got.replace(b'"content":""', b""):
+                        seen = time.perf_counter() - t0
+            total.append(time.perf_counter() - t0)
+            first.append(seen if seen is not None else total[-1])
+            bodies.append(got)
 
-        async with anyio.create_task_group() as tg:
-            for _ in range(concurrency):
-                tg.start_soon(worker)
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
     return first, total, bodies
+
+
+#: Rounds the per-request measurement takes its requests in: each round runs a share of every
+#: path's requests, the paths in turn (the order rotating), so that a machine that speeds up or
+#: slows down during the run moves every path alike, not the one measured at that moment.
+ROUNDS = 10
 
 
 async def _per_request(requests: int, words: int) -> list[dict[str, Any]]:
     """Per request, at concurrency 1 and 10: straight, through a bare relay, through each
-    proxy — the time to the first token and to the end, and what the proxy adds to each."""
+    proxy — the time to the first token and to the end, and what the proxy adds to each. Every
+    server runs through the whole measurement; the paths take turns (``ROUNDS``)."""
     rows: list[dict[str, Any]] = []
-    with _upstream("--token-delay", "0", "--words", str(words)) as (up, _):
+    with contextlib.ExitStack() as stack:
+        up, _ = stack.enter_context(_upstream("--token-delay", "0", "--words", str(words)))
         want = answer_for(Q, words=words)
-        paths: list[tuple[str, Any]] = [
+        starts: list[tuple[str, Any]] = [
             ("straight to the upstream", lambda: contextlib.nullcontext((up, 0))),
             ("bare relay", lambda: _relay(up)),
             *((_label(s), lambda s=s: _proxy(up, s)) for s in _servers()),
         ]
         if installed("uvloop"):  # what the event loop is worth: the proxy on asyncio's own
             label = "streamres proxy (uvicorn, asyncio loop)"
-            paths.insert(3, (label, lambda: _proxy(up, "uvicorn", "asyncio")))
-        for label, start in paths:
-            with start() as (url, _pid):
-                for concurrency in (1, 10):
-                    await _timed(url, concurrency, 10, words)  # warm: connections, caches
-                    first, total, bodies = await _timed(url, concurrency, requests, words)
-                    exact = sum(_text_of(b) == want for b in bodies)
-                    rows.append(
-                        {
-                            "path": label,
-                            "concurrency": concurrency,
-                            "requests": requests,
-                            "exact": exact,
-                            "first_p50_ms": _q(first, 0.5),
-                            "first_p99_ms": _q(first, 0.99),
-                            "total_p50_ms": _q(total, 0.5),
-                            "total_p99_ms": _q(total, 0.99),
-                        }
+            starts.insert(3, (label, lambda: _proxy(up, "uvicorn", "asyncio")))
+        paths = [(label, stack.enter_context(start())[0]) for label, start in starts]
+        for concurrency in (1, 10):
+            limits = httpx.Limits(
+                max_connections=concurrency, max_keepalive_connections=concurrency
+            )
+            async with contextlib.AsyncExitStack() as open_clients:
+                clients = [
+                    await open_clients.enter_async_context(
+                        httpx.AsyncClient(timeout=60, limits=limits)
                     )
+                    for _ in paths
+                ]
+                got: list[tuple[list[float], list[float], list[bytes]]] = [
+                    ([], [], []) for _ in paths
+                ]
+                for client, (_, url) in zip(clients, paths, strict=True):
+                    await _timed(client, url, concurrency, 10, words)  # warm: connections
+                share = max(1, requests // ROUNDS)
+                for turn in range(ROUNDS):
+                    for i in [(turn + k) % len(paths) for k in range(len(paths))]:
+                        first, total, bodies = await _timed(
+                            clients[i], paths[i][1], concurrency, share, words
+                        )
+                        got[i][0].extend(first)
+                        got[i][1].extend(total)
+                        got[i][2].extend(bodies)
+            for (label, _), (first, total, bodies) in zip(paths, got, strict=True):
+                rows.append(
+                    {
+                        "path": label,
+                        "concurrency": concurrency,
+                        "requests": len(total),
+                        "exact": sum(_text_of(b) == want for b in bodies),
+                        "first_p50_ms": _q(first, 0.5),
+                        "first_p99_ms": _q(first, 0.99),
+                        "total_p50_ms": _q(total, 0.5),
+                        "total_p99_ms": _q(total, 0.99),
+                    }
+                )
     base = {r["concurrency"]: r for r in rows if r["path"] == "straight to the upstream"}
     for r in rows:
         b = base[r["concurrency"]]

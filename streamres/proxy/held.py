@@ -231,7 +231,12 @@ class Answers:
             yield
         finally:
             held.readers -= 1
-            if held.readers == 0 and not held.call.background and held.producing:
+            if (
+                held.readers == 0
+                and not held.call.background
+                and held.producing
+                and not held.log.ended
+            ):
                 held._lingers += 1
                 if self.limits.hold <= 0 or self.tasks is None:
                     self._park(held)
@@ -291,6 +296,10 @@ class Answers:
                 async with answer as events:
                     async for ev in events:
                         held.add(ev)
+                        if held.log.ended and held.readers:
+                            # Its readers send the end before this task closes the upstream
+                            # response and settles the answer's accounts.
+                            await anyio.lowlevel.checkpoint()
             except streamres.StreamError as exc:
                 held.fail(without_urls(exc, self.client.routes))
             except anyio.get_cancelled_exc_class():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -270,3 +271,56 @@ async def test_an_account_out_of_credit_is_left_for_another_accounts_model() -> 
     assert [r.model for r in up.requests] == ["a", "b"]
     (fallback,) = [e for e in events if e.type == "fallback"]
     assert fallback.reason == "quota" and "out of credit" in fallback.message
+
+
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+async def test_requests_go_through_a_proxy_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client's pools send each request to their transport directly — unless the
+    environment names a proxy, which httpx's client mounts: then the request goes to it.
+    Here the "proxy" is a second server, which serves the absolute-form request itself."""
+    _no_proxies(monkeypatch)
+    async with Upstream() as up, Upstream() as proxy:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k")
+        async with streamres.Client([route]) as client:
+            async for _ev in client.stream(USER, model="m"):
+                pass
+        assert (len(up.requests), len(proxy.requests)) == (1, 0)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        async with streamres.Client([route]) as client:
+            got = [ev async for ev in client.stream(USER, model="m")]
+        assert got[-1].type == "done"  # the answer, from the server the proxy variable names
+        assert (len(up.requests), len(proxy.requests)) == (1, 1)
+
+
+async def test_a_cookie_an_upstream_sets_is_not_sent_with_later_requests() -> None:
+    """A ``Client`` serves many callers (a proxy: every client key): a cookie one upstream
+    response set must not ride along with the next request, whoever makes it."""
+    seen: list[str | None] = []
+    body = (
+        b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Hi."},'
+        b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("cookie"))
+        headers = {"content-type": "text/event-stream", "set-cookie": "session=tenant-a; Path=/"}
+        return httpx.Response(200, content=body, headers=headers)
+
+    route = streamres.Route("m", base_url="http://upstream.test/v1", api_key="k")
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    async with http, streamres.Client([route], http_client=http) as client:
+        for _ in range(2):
+            assert [
+                ev.text async for ev in client.stream(USER, model="m") if ev.type == "text"
+            ] == ["Hi."]
+    assert seen == [None, None]
