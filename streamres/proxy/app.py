@@ -342,13 +342,20 @@ class Proxy:
                     served[2] = 200
                     await _start(send, 200, "text/event-stream", head)
                 try:
-                    async for data in answers.follow(held, after):
+                    ended = False
+                    async for data, last in answers.follow(held, after):
                         if not served[2]:
                             served[2] = 200
                             await _start(send, 200, "text/event-stream", head)
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                        # The last piece ends the response in the same write.
+                        body = {"type": "http.response.body", "body": data, "more_body": not last}
+                        await send(body)
+                        ended = last
                     if served[2]:
-                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        if not ended:
+                            await send(
+                                {"type": "http.response.body", "body": b"", "more_body": False}
+                            )
                     elif held.started and after >= 0:  # read to its end already
                         served[2] = at_end
                         kind = "text/event-stream" if at_end == 200 else "text/plain"

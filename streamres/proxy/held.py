@@ -243,16 +243,17 @@ class Answers:
                 else:
                     self.tasks.start_soon(self._linger, held, held._lingers)
 
-    async def follow(self, held: Held, after: int = -1) -> AsyncIterator[bytes]:
-        """The answer's events after number ``after``, then each new one, to its end."""
+    async def follow(self, held: Held, after: int = -1) -> AsyncIterator[tuple[bytes, bool]]:
+        """The answer's events after number ``after``, then each new one, to its end: each
+        piece with whether it is the last (then the response's end goes with it)."""
         data, i = held.after(after)
         while True:
             if data:
                 after = held.blocks[i - 1][0]
-                yield data
+                yield data, _read_all(held, i)
             elif held.successor is not None:  # produced elsewhere now: read on from its log
                 held, i = held.successor, 0
-            elif held.log.ended and i >= len(held.blocks) and held.visible() == len(held.blocks):
+            elif _read_all(held, i):
                 return
             else:
                 await held.moved()
@@ -794,3 +795,13 @@ class Answers:
         while True:
             await anyio.sleep(min(30.0, max(1.0, self.limits.keep / 10)))
             self.sweep()
+
+
+def _read_all(held: Held, i: int) -> bool:
+    """Has a reader at block ``i`` had the whole of ``held``, which has ended?"""
+    return (
+        held.successor is None
+        and held.log.ended
+        and i >= len(held.blocks)
+        and held.visible() == len(held.blocks)
+    )
