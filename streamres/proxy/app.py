@@ -300,6 +300,10 @@ class Proxy:
                 served[2] = 200
                 await _json(send, 200, held.snapshot())
                 return
+            if self.answers.tasks is not None:
+                # Its producer first, until its request is out: the reader gets ready while
+                # the upstream thinks, not before the request goes.
+                await anyio.lowlevel.checkpoint()
             await self._read(held, -1, receive, send, served)
             return
         async with anyio.create_task_group() as tg:
