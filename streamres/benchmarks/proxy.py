@@ -12,9 +12,10 @@ and under hypercorn for comparison; LiteLLM's proxy when it is installed), clien
   proxy's peak RSS and CPU;
 - mid-stream faults through each proxy: is the answer the client gets the upstream's text?
 - per request: the time to the first token and to the whole answer (p50, p99) of short
-  answers at full speed, one request at a time and ten at once, over one kept-alive client —
-  straight, through a bare relay (``benchmarks/relay``: bytes passed on, nothing read) and
-  through each proxy, all in the same run. The relay and the proxy run on the same event loop
+  answers at full speed, one request at a time and ten at once, over one kept-alive client per
+  path — straight, through a bare relay (``benchmarks/relay``: bytes passed on, nothing read) and
+  through each proxy, all in the same run, taking turns (``ROUNDS``). The relay and the proxy
+  run on the same event loop
   (uvloop where it is installed, as uvicorn and ``streamres proxy`` pick it); with uvloop, the
   proxy once more on asyncio's own loop (``--loop asyncio``), to show what the loop is worth.
 """
