@@ -447,8 +447,8 @@ async def _per_request(requests: int, words: int) -> list[dict[str, Any]]:
                 ]
                 for client, (_, url) in zip(clients, paths, strict=True):
                     await _timed(client, url, concurrency, 10, words)  # warm: connections
-                share = max(1, requests // ROUNDS)
                 for turn in range(ROUNDS):
+                    share = requests // ROUNDS + (turn < requests % ROUNDS)
                     for i in [(turn + k) % len(paths) for k in range(len(paths))]:
                         first, total, bodies = await _timed(
                             clients[i], paths[i][1], concurrency, share, words
