@@ -349,9 +349,9 @@ def _http_request(client: httpx.AsyncClient, req: HttpRequest, connect: float) -
     """``req`` as an httpx request: the client's default headers under the request's own
     (names matched in any case), the body as JSON, no timeout but ``connect``. Built here
     rather than by ``client.build_request``, which merges a base URL, query parameters and the
-    client's cookie jar that a ``Client``'s requests never have — a quarter of the proxy's work
-    before the request goes out — and would send cookies one upstream response set with every
-    later request, whichever caller made it."""
+    client's cookie jar that a ``Client``'s requests never have (a fifth of the proxy's work
+    before the request went out), and would send the cookies one upstream response set with
+    every later request, whichever caller made it."""
     own = {name.lower() for name in req.headers}
     headers = [(k, v) for k, v in client.headers.items() if k not in own]
     if "accept-encoding" not in own:
@@ -384,8 +384,8 @@ def _server(url: httpx.URL) -> str:
 async def _open(transport: httpx.AsyncBaseTransport, request: httpx.Request) -> httpx.Response:
     """``request`` sent by its transport, as ``AsyncClient.send`` sends it without following
     redirects, less the client's layers that a ``Client``'s requests never use: auth, event
-    hooks and the cookie jar — which would keep the cookies one upstream response set, for
-    nobody, at a tenth of the library's work per request."""
+    hooks and the cookie jar (whose keeping of what a response set was a tenth of the library's
+    work per answer, for cookies nobody sends)."""
     response = await transport.handle_async_request(request)
     response.request = request
     return response
