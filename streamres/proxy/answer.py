@@ -162,6 +162,11 @@ class Held:
         reader never holds an event another process could not give it again)."""
         return len(self.blocks) if self.durable is None else self.durable
 
+    def read_all(self, i: int) -> bool:
+        """Has a reader at block ``i`` had the whole answer, which has ended here?"""
+        n = len(self.blocks)
+        return self.successor is None and self.log.ended and i >= n and self.visible() == n
+
     def notify(self) -> None:
         """Something changed for the readers (an event, the end, a write to Redis)."""
         if self._moved is not None:

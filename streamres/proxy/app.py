@@ -351,15 +351,11 @@ class Proxy:
                         if not served[2]:
                             served[2] = 200
                             await _start(send, 200, "text/event-stream", head)
-                        # The last piece ends the response in the same write.
-                        body = {"type": "http.response.body", "body": data, "more_body": not last}
-                        await send(body)
+                        await _piece(send, data, more=not last)  # the last one ends it
                         ended = last
                     if served[2]:
                         if not ended:
-                            await send(
-                                {"type": "http.response.body", "body": b"", "more_body": False}
-                            )
+                            await _piece(send, b"", more=False)
                     elif held.started and after >= 0:  # read to its end already
                         served[2] = at_end
                         kind = "text/event-stream" if at_end == 200 else "text/plain"
@@ -488,10 +484,8 @@ class Proxy:
         )
         if served[2] == 200 and call.stream:
             error = streamres.StreamError(message, reason="shutdown")
-            await send(
-                {"type": "http.response.body", "body": writer.failed(error), "more_body": True}
-            )
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await _piece(send, writer.failed(error))
+            await _piece(send, b"", more=False)
         elif served[2] == 0:
             served[2] = 503
             await _error(send, call.api, 503, message, 5.0)
@@ -518,7 +512,7 @@ class Proxy:
                 served[2] = 200
                 await _start(send, 200, "text/event-stream")
                 data = writer.start() + b"".join(pending) + data
-            await send({"type": "http.response.body", "body": data, "more_body": True})
+            await _piece(send, data)
 
         try:
             with within(parent):  # the answer's span, if traced, is the caller's child
@@ -544,7 +538,7 @@ class Proxy:
                         await out(writer.tool_call(ev))
                     elif ev.type == "done":
                         await out(writer.done(ev))
-                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        await _piece(send, b"", more=False)
                         return
                     elif started:
                         await out(writer.status(ev))
@@ -554,7 +548,7 @@ class Proxy:
             exc = without_urls(error, self.client.routes)
             if started:
                 await out(writer.failed(exc))
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await _piece(send, b"", more=False)
                 return
             status, retry = _status_of(exc)
             served[2] = status
@@ -630,13 +624,7 @@ class Proxy:
             tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
             while True:
                 data = json.dumps(self.health()).encode()
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": b"data: " + data + b"\n\n",
-                        "more_body": True,
-                    }
-                )
+                await _piece(send, b"data: " + data + b"\n\n")
                 await anyio.sleep(1.0)
 
     async def _prometheus(self, send: Send) -> None:
@@ -782,7 +770,12 @@ async def _respond(
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     await _start(send, status, content_type, extra)
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await _piece(send, body, more=False)
+
+
+async def _piece(send: Send, data: bytes, *, more: bool = True) -> None:
+    """A piece of the response body (``more=False``: the last, which ends it)."""
+    await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
 async def _json(send: Send, status: int, obj: Any) -> None:

@@ -231,12 +231,7 @@ class Answers:
             yield
         finally:
             held.readers -= 1
-            if (
-                held.readers == 0
-                and not held.call.background
-                and held.producing
-                and not held.log.ended
-            ):
+            if not held.readers and held.producing and not (held.call.background or held.log.ended):
                 held._lingers += 1
                 if self.limits.hold <= 0 or self.tasks is None:
                     self._park(held)
@@ -250,10 +245,10 @@ class Answers:
         while True:
             if data:
                 after = held.blocks[i - 1][0]
-                yield data, _read_all(held, i)
+                yield data, held.read_all(i)
             elif held.successor is not None:  # produced elsewhere now: read on from its log
                 held, i = held.successor, 0
-            elif _read_all(held, i):
+            elif held.read_all(i):
                 return
             else:
                 await held.moved()
@@ -795,13 +790,3 @@ class Answers:
         while True:
             await anyio.sleep(min(30.0, max(1.0, self.limits.keep / 10)))
             self.sweep()
-
-
-def _read_all(held: Held, i: int) -> bool:
-    """Has a reader at block ``i`` had the whole of ``held``, which has ended?"""
-    return (
-        held.successor is None
-        and held.log.ended
-        and i >= len(held.blocks)
-        and held.visible() == len(held.blocks)
-    )
