@@ -25,7 +25,15 @@ from streamres._providers.wire import StreamDecoder
 __all__ = ["JOINS", "Delivery", "Join", "Tally"]
 
 #: How a resume was joined (``DoneEvent.join``).
-Join = Literal["none", "prefill", "deduplicated", "restart_removed", "diverged", "ended_at_seam"]
+Join = Literal[
+    "none",
+    "prefill",
+    "deduplicated",
+    "restart_removed",
+    "diverged",
+    "calls_dropped",
+    "ended_at_seam",
+]
 #: The joins from the surest to the most doubtful: the done event reports the most doubtful
 #: of the answer's resumes.
 JOINS: tuple[Join, ...] = get_args(Join)

@@ -165,20 +165,24 @@ class Reader:
     def _not_run_before(
         self, calls: tuple[ToolCall, ...], attempt: AttemptState
     ) -> tuple[ToolCall, ...]:
-        """A continuation's calls, less those the conversation already ran: a model asked to
-        go on may take "continue" for a new turn and run the last round again — a round the
-        answer would not have had, which the caller would run twice."""
+        """A continuation's calls, less those of the conversation's last tool round: a model
+        asked to go on may take "continue" for a new turn and run the last round again — a
+        round the answer would not have had, which the caller would run twice. Calls of
+        earlier rounds stay (an agent runs its tests again after an edit); a dropped call
+        marks the answer ``join="calls_dropped"``, not complete."""
         if self._ran is None:
             self._ran = calls_already_run(self.opts.messages)
         kept = tuple(c for c in calls if not is_call_already_run(c.name, c.arguments, self._ran))
         if len(kept) < len(calls):
             self.seam.repeated_calls()
+            self.delivery.join_as("calls_dropped")
             self.log.info(
                 "streamres.tool_round_repeated",
                 model=attempt.route.key,
                 dropped=[c.name for c in calls if c not in kept],
-                hint="the continuation called tools the conversation already ran; "
-                "they are not handed on",
+                hint="the continuation called the last tool round again (same names and "
+                "arguments); those calls are not handed on and the answer is marked "
+                "join=calls_dropped",
             )
         return kept
 

@@ -290,12 +290,21 @@ class DoneEvent:
     #: ``"deduplicated"`` (a new turn, its repeat of the delivered text removed),
     #: ``"restart_removed"`` (the model began the answer again; the repeat removed whole),
     #: ``"diverged"`` (a restart that drifted from the delivered text: joined at a word seam,
-    #: worth a look), ``"ended_at_seam"`` (asked to continue, the model added nothing, again and
-    #: again: the answer stops where the break left it, although the finish reason is
-    #: ``stop`` — mid-sentence, or at a sentence end the model may or may not have meant as
-    #: its last).
+    #: worth a look), ``"calls_dropped"`` (a continuation called the last tool round again,
+    #: the same names and arguments, and those calls were not handed on: a model that took
+    #: "continue" for a new turn, or an agent polling on purpose — the two cannot be told
+    #: apart, and running a round twice is the worse mistake), ``"ended_at_seam"`` (asked to
+    #: continue, the model added nothing, again and again: the answer stops where the break
+    #: left it, although the finish reason is ``stop`` — mid-sentence, or at a sentence end
+    #: the model may or may not have meant as its last).
     join: Literal[
-        "none", "prefill", "deduplicated", "restart_removed", "diverged", "ended_at_seam"
+        "none",
+        "prefill",
+        "deduplicated",
+        "restart_removed",
+        "diverged",
+        "calls_dropped",
+        "ended_at_seam",
     ] = "none"
     #: The id the server gave the response that finished the answer: a Chat Completions
     #: chunk's ``id``, Anthropic's message id, the Responses API's response id (``""``: none
@@ -305,8 +314,9 @@ class DoneEvent:
 
     @property
     def complete(self) -> bool:
-        """False when the model stopped at a resume's seam without finishing the answer."""
-        return self.join != "ended_at_seam"
+        """False when the model stopped at a resume's seam without finishing the answer, or
+        when calls a continuation made were not handed on (``join="calls_dropped"``)."""
+        return self.join not in ("ended_at_seam", "calls_dropped")
 
 
 StatusEvent = RetryEvent | ResumeEvent | FallbackEvent

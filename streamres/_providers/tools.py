@@ -169,14 +169,26 @@ def _call_key(name: Any, arguments: Any) -> tuple[str, str]:
 
 
 def calls_already_run(messages: Sequence[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
-    """The tool calls the conversation has made since the user's last words — (name, canonical
-    arguments), in any of the three shapes: what a continuation of the answer to them must not
-    call again (a model asked to "continue" after tool results may read it as a new turn and
-    run the same round once more)."""
+    """The calls of the conversation's last tool round — the one whose results end it —
+    as (name, canonical arguments), in any of the three shapes: what a continuation of the
+    answer to those results must not call again (a model asked to "continue" after tool
+    results may read it as a new turn and run the same round once more). Calls of earlier
+    rounds are not among them: an agent calls them again on purpose (the tests run again
+    after an edit), and the uncut answer would have made them. None when the conversation
+    does not end with tool results."""
+    end = len(messages)
+    while end and (
+        _is_tool_results(messages[end - 1])
+        or messages[end - 1].get("role") in ("system", "developer")
+    ):
+        end -= 1
+    if end == len(messages) or not any(_is_tool_results(m) for m in messages[end:]):
+        return frozenset()
+    start = end
+    while start and messages[start - 1].get("type") == "function_call":
+        start -= 1  # a Responses round: one item per call
     found: set[tuple[str, str]] = set()
-    for m in reversed(messages):
-        if m.get("role") == "user" and not _is_tool_results(m):
-            break
+    for m in messages[start:end] if start < end else messages[end - 1 : end]:
         for call in m.get("tool_calls") or ():
             if isinstance(call, Mapping) and isinstance(fn := call.get("function"), Mapping):
                 found.add(_call_key(fn.get("name"), fn.get("arguments")))

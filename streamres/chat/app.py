@@ -166,7 +166,7 @@ class Session:
             model=done.model if done else error.model if error and error.model else "",
         )
         self.stats.append(stats)
-        if done is not None and not done.complete:
+        if done is not None and done.join == "ended_at_seam":  # (the chat offers no tools)
             self.screen.note(self.words("ended_at_seam"))
             turn.mark = self.words("mark_seam")
         elif done is not None and done.attempts > 1:

@@ -21,7 +21,10 @@ conversation the answer answers — a continuation's partial answer and its inst
 so a prefill continues the same plan. A bare "continue" with tools offered is where models go
 wrong: with ``tools_on_continue="repeat"`` (the default) the model calls the conversation's last
 tool round again, as the embedded model was seen to do every time behind a chat UI; with
-``"plan"`` it keeps to its plan.
+``"plan"`` it keeps to its plan. A coding agent's model runs its checks again after a fix: with
+``after_tools="rerun"``, the answer to a round's results, when the conversation since the question
+had an earlier round, is text and then that first round's calls again (the tests run after the
+edit); with ``"answer"`` (the default) it is text only.
 
 Answers come in the language of the question: Chinese, Japanese, Korean or Thai when the user
 wrote in that script, else English; ``lang=`` forces one. Each language's answer mixes in what
@@ -41,6 +44,7 @@ from typing import Any, Literal
 
 __all__ = [
     "PREAMBLES",
+    "AfterTools",
     "InstructBehaviour",
     "Lang",
     "PrefillBehaviour",
@@ -56,6 +60,8 @@ __all__ = [
 PrefillBehaviour = Literal["continue", "restart", "reject"]
 #: What the model does with tools on an instruct continuation (see the module's docstring).
 ToolsOnContinue = Literal["repeat", "plan"]
+#: What the model does after a round's results (see the module's docstring).
+AfterTools = Literal["answer", "rerun"]
 InstructBehaviour = Literal[
     "overlap", "exact", "restart", "preamble", "shorter", "quoted", "stutter"
 ]
@@ -392,6 +398,18 @@ def _last_round(answered: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return []
 
 
+def _first_round(answered: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The calls of the first tool round since the user's last question, when a later round
+    followed it (an agent that edited after running its tests); none otherwise."""
+    rounds: list[list[tuple[str, str]]] = []
+    for m in reversed(answered):
+        if m.get("role") == "user" and not _is_tool_turn(m):
+            break
+        if m.get("role") == "assistant" and (calls := _last_round([m])):
+            rounds.append(calls)
+    return rounds[-1] if len(rounds) >= 2 else []
+
+
 def _answered(messages: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """The conversation a reply of ``kind`` answers: a prefill's partial answer, or an instruct
     continuation's partial answer and instruction, left out."""
@@ -449,6 +467,7 @@ def plan_reply(
     overlap_words: int = 3,
     words: int = 90,
     tools_on_continue: ToolsOnContinue = "repeat",
+    after_tools: AfterTools = "answer",
 ) -> Reply:
     """Decide the reply to ``messages`` (OpenAI-style; Anthropic's ``system`` already folded in):
     the text (``_plan_text``), then reasoning and tool calls when the request asks for them."""
@@ -479,6 +498,14 @@ def plan_reply(
     planned: list[tuple[str, str]] = []
     if reply.kind == "instruct" and tools_on_continue == "repeat" and _allows_tools(body):
         planned = _last_round(answered)  # "continue" read as a new turn: the last round again
+    if (
+        not planned
+        and after_tools == "rerun"
+        and _allows_tools(body)
+        and answered
+        and _is_tool_turn(answered[-1])
+    ):
+        planned = _first_round(answered)
     if not planned and _asks_for_tools(body, answered):
         said = reply.full.split()
         for i, (name, schema) in enumerate(_tools(body.get("tools"))[:2]):

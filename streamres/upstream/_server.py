@@ -26,6 +26,7 @@ import anyio.from_thread
 import h11
 
 from ._answers import (
+    AfterTools,
     InstructBehaviour,
     PrefillBehaviour,
     ToolsOnContinue,
@@ -136,6 +137,7 @@ class Upstream:
         prefill: PrefillBehaviour = "continue",
         instruct: InstructBehaviour = "overlap",
         tools_on_continue: ToolsOnContinue = "repeat",
+        after_tools: AfterTools = "answer",
         overlap_words: int = 3,
         words: int = 90,
         token_delay: float = 0.0,
@@ -163,6 +165,8 @@ class Upstream:
         self.instruct: InstructBehaviour = instruct
         #: Tools on an instruct continuation: the last round again, or the model's plan.
         self.tools_on_continue: ToolsOnContinue = tools_on_continue
+        #: After a round's results: text only, or (an agent's checks) the first round again.
+        self.after_tools: AfterTools = after_tools
         self.overlap_words = overlap_words
         self.words = words
         self.token_delay = token_delay
@@ -409,6 +413,7 @@ class Upstream:
             overlap_words=self.overlap_words,
             words=int(headers.get("x-upstream-words", self.words)),
             tools_on_continue=self.tools_on_continue,
+            after_tools=self.after_tools,
         )
         if reply.rejection is not None:
             record.status = 400

@@ -111,3 +111,96 @@ async def test_a_partial_continuation_and_the_callers_own_instruction() -> None:
                 stream = client.stream(question, model="m", continue_instruction=call)
                 _, _, done = await collect(stream)
             assert up.requests[1].body["messages"][-1] == {"role": "user", "content": said}
+
+
+#: A coding agent's tools and its loop so far: the tests ran and failed, a file was edited.
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "description": "Run the test suite",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "edit_file",
+            "description": "Replace a file's text",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+                "required": ["path", "text"],
+            },
+        },
+    },
+]
+AGENT_LOOP: list[dict[str, Any]] = [
+    {"role": "user", "content": "The tests fail. Fix them."},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "run_tests", "arguments": "{}"}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "2 failed, 40 passed"},
+    {
+        "role": "assistant",
+        "content": "The parser drops the last line.",
+        "tool_calls": [
+            {
+                "id": "c2",
+                "type": "function",
+                "function": {
+                    "name": "edit_file",
+                    "arguments": '{"path": "parse.py", "text": "return lines"}',
+                },
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c2", "content": "ok"},
+]
+
+
+async def _agent_answer(
+    faults: str, provider: str, tools_on_continue: Any = "plan"
+) -> tuple[streamres.DoneEvent, Upstream]:
+    async with (
+        Upstream(
+            faults=faults, words=60, after_tools="rerun", tools_on_continue=tools_on_continue
+        ) as up,
+        _client(up, provider, "instruct") as c,
+    ):
+        _, _, done = await collect(c.stream(AGENT_LOOP, model="m", tools=AGENT_TOOLS))
+    return done, up
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("cut", ["text", "call"])
+async def test_a_break_keeps_the_call_an_agent_makes_again_on_purpose(
+    cut: str, provider: str
+) -> None:
+    """An agent's next answer after an edit runs the tests again — a call of an earlier round
+    of the same turn. Cut mid-text or inside the call and continued as the model planned, the
+    answer still ends with that call, for tools: the agent's loop goes on."""
+    uncut, _ = await _agent_answer("ok", provider)
+    assert [c.name for c in uncut.tool_calls] == ["run_tests"]
+    assert uncut.finish_reason == "tool_calls"
+    at = 15 if cut == "text" else len(split_tokens(uncut.text)) + 1
+    done, up = await _agent_answer(f"reset@{at}", provider)
+    assert len(up.requests) == 2  # it did break, and was continued
+    assert done.text == uncut.text
+    assert [(c.name, json.loads(c.arguments)) for c in done.tool_calls] == [("run_tests", {})]
+    assert done.finish_reason == "tool_calls" and done.complete
+
+
+async def test_a_round_repeated_by_a_continuation_is_dropped_and_said() -> None:
+    """The continuation runs the last round (the edit) again instead: it is not handed on, and
+    the answer says so — not complete, ``join="calls_dropped"`` — rather than passing for a
+    whole answer."""
+    done, up = await _agent_answer("reset@15", "openai", tools_on_continue="repeat")
+    assert len(up.requests) >= 2
+    assert all(c.name != "edit_file" for c in done.tool_calls)
+    assert done.join == "calls_dropped" and not done.complete
