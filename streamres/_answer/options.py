@@ -17,12 +17,12 @@ from streamres._core.bounds import ReadLimits
 from streamres._core.errors import InvalidRequest
 from streamres._core.lanes import NORMAL, check_priority
 from streamres._core.redact import redact_url
-from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST
+from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST, model_reasons
 from streamres._core.trickle import PaceFloor
 from streamres._fleet.balance import RetryBudget
 from streamres._fleet.fleet import Fleet
 from streamres._fleet.routes import Route
-from streamres._providers.params import for_provider
+from streamres._providers.params import for_route
 
 __all__ = [
     "KNOWN_ARGUMENTS",
@@ -284,7 +284,7 @@ def check_options(
     for i in dict.fromkeys(chain):  # refused before any request, not when a fallback comes
         route = fleet.routes[i]
         try:
-            for_provider(route.provider, extra)
+            for_route(route.provider, extra, reasons=model_reasons(route.model, route.thinks))
         except ValueError as exc:
             where = f"route {route.key!r}, {route.provider}, is in this answer's chain"
             raise _bad(f"{exc} ({where})") from None

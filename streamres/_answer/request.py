@@ -28,12 +28,14 @@ from streamres._core.continuation import Strategy, build_continuation
 from streamres._core.dedup import Deduplicator, hold_back
 from streamres._core.redact import url_secrets
 from streamres._core.sse import SSEDecoder
+from streamres._core.stall import model_reasons
 from streamres._core.tokens import token_starts
 from streamres._fleet.routes import Route
 from streamres._providers import anthropic as _anthropic
 from streamres._providers import llama as _llama
 from streamres._providers import openai as _openai
 from streamres._providers import responses as _responses
+from streamres._providers.params import for_route
 from streamres._providers.wire import HttpRequest, StreamDecoder
 
 __all__ = [
@@ -243,6 +245,8 @@ def build(
     """The provider's request (``TypeError``/``ValueError``: it cannot be built)."""
     assert route.base_url is not None
     make, _ = PROVIDERS[route.provider]
+    reasons = model_reasons(route.model, route.thinks)
+    extra_body, _ = for_route(route.provider, extra_body, reasons=reasons)
     return make(
         base_url=route.base_url,
         api_key=route.api_key,

@@ -30,6 +30,7 @@ __all__ = [
     "RequestKind",
     "StallTimer",
     "first_output_limit",
+    "model_reasons",
     "request_kind",
 ]
 
@@ -63,6 +64,11 @@ RequestKind = Literal["quick", "reasoning"]
 #: QwQ, models named for thinking).
 _THINKERS = re.compile(r"(?:^|[/:])o[1-9]|gpt-5|reason|(?:^|[-_/:])r1(?:$|[-_:])|qwq|think", re.I)
 _NO_EFFORT = ("none", "minimal")
+
+
+def model_reasons(model: str, thinks: bool | None) -> bool:
+    """Does a route's model reason — its ``thinks``, else by its name?"""
+    return bool(_THINKERS.search(model)) if thinks is None else thinks
 
 
 def request_kind(body: Mapping[str, Any], model: str, thinks: bool | None = None) -> RequestKind:

@@ -23,16 +23,21 @@ is, and the other two shapes are read too (so tools written for Claude reach an 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from streamres._providers.parts import content_for
 
 __all__ = [
+    "NAMESPACE_JOIN",
     "anthropic_messages",
     "anthropic_tools",
     "calls_already_run",
     "canonical_tool",
+    "flat_name",
+    "flat_tools",
+    "hosts",
     "is_call_already_run",
     "openai_tools",
     "responses_input",
@@ -55,6 +60,63 @@ def canonical_tool(tool: Any) -> Any:
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
         return {"type": "function", "function": fn}
     return dict(tool)  # a provider's own built-in tool (web search…): as given
+
+
+#: How a ``namespace`` tool's function is named once the group is flattened.
+NAMESPACE_JOIN = "__"
+
+#: Tools an API runs itself (hosted, or with a schema of its own), by their ``type``.
+_RESPONSES_HOSTED = re.compile(
+    r"^(web_search\w*|file_search|code_interpreter|computer\w*|image_generation|mcp|"
+    r"local_shell|shell|apply_patch|tool_search)$"
+)
+_ANTHROPIC_HOSTED = re.compile(r"^(\w+_\d{8}|mcp_toolset)$")
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """The name a ``namespace`` tool's function goes by once flattened."""
+    return f"{namespace}{NAMESPACE_JOIN}{name}"
+
+
+def flat_tools(tools: Sequence[Any]) -> list[Any]:
+    """``tools`` with each ``namespace`` tool (a named group of functions: ``{"type":
+    "namespace", "name", "tools": [...]}``) replaced by its functions, named
+    :func:`flat_name` — a shape every API takes; the rest as they are."""
+    out: list[Any] = []
+    for tool in tools:
+        if isinstance(tool, Mapping) and tool.get("type") == "namespace":
+            group = str(tool.get("name", ""))
+            for member in tool.get("tools") or ():
+                c = canonical_tool(member)
+                fn = c.get("function") if isinstance(c, Mapping) else None
+                if isinstance(fn, Mapping):
+                    out.append(
+                        {
+                            "type": "function",
+                            "function": {**fn, "name": flat_name(group, fn["name"])},
+                        }
+                    )
+        else:
+            out.append(tool)
+    return out
+
+
+def hosts(tool: Any) -> frozenset[str] | None:
+    """The APIs that take this tool as it is, when only some do: a tool an API runs itself
+    (web search, file search, code interpreter, MCP, Anthropic's dated tools…), or a ``custom``
+    (free-form) tool; ``None`` for a function, which every API takes."""
+    if not isinstance(tool, Mapping):
+        return None
+    kind = tool.get("type")
+    if canonical_tool(tool).get("function") is not None or not isinstance(kind, str):
+        return None
+    if kind == "custom":
+        return frozenset({"openai", "openai-responses"})
+    if _RESPONSES_HOSTED.match(kind):
+        return frozenset({"openai-responses"})
+    if _ANTHROPIC_HOSTED.match(kind):
+        return frozenset({"anthropic"})
+    return None
 
 
 def _canonical_choice(choice: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pathlib
 from typing import Any
 
 import anthropic
@@ -17,7 +18,8 @@ import httpx
 import openai
 import pytest
 
-from streamres._providers.params import for_provider
+from streamres._providers import fields
+from streamres._providers.params import for_provider, for_route
 from streamres._providers.parts import content_for
 from streamres.proxy import running
 from streamres.proxy.config import parse
@@ -66,6 +68,62 @@ PDF = base64.b64encode(b"%PDF-1.4 tiny").decode()
         ),
         ("openai-responses", {"reasoning_effort": "low"}, {"reasoning": {"effort": "low"}}),
         ("openai-responses", {"verbosity": "low"}, {"text": {"verbosity": "low"}}),
+        # effort and thinking, every way (Claude Code sends adaptive thinking and an effort)
+        (
+            "anthropic",
+            {"reasoning_effort": "high"},
+            {"output_config": {"effort": "high"}, "thinking": {"type": "adaptive"}},
+        ),
+        (
+            "anthropic",
+            {"reasoning": {"effort": "xhigh"}},
+            {"output_config": {"effort": "max"}, "thinking": {"type": "adaptive"}},
+        ),
+        (
+            "openai",
+            {"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}},
+            {"reasoning_effort": "high"},
+        ),
+        ("openai", {"thinking": {"type": "adaptive"}}, {}),
+        (
+            "openai-responses",
+            {"output_config": {"effort": "max"}},
+            {"reasoning": {"effort": "xhigh"}},
+        ),
+        (
+            "openai",
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "object"}, "name": "output"},
+                }
+            },
+        ),
+        (
+            "anthropic",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {}},
+                }
+            },
+            {"output_config": {"format": {"type": "json_schema", "schema": {}}}},
+        ),
+        # fields that ask nothing of the answer on another API: left out
+        (
+            "openai",
+            {"context_management": {"edits": []}, "metadata": {"user_id": "u"}, "top_k": 4},
+            {"top_k": 4},
+        ),
+        ("openai", {"client_metadata": {"a": "b"}, "include": ["reasoning.encrypted_content"]}, {}),
+        ("anthropic", {"prompt_cache_key": "k", "service_tier": "flex", "include": []}, {}),
+        ("anthropic", {"metadata": {"user_id": "u", "tag": "t"}}, {"metadata": {"user_id": "u"}}),
+        (
+            "openai-responses",
+            {"include": ["x"], "client_metadata": {"a": "b"}},
+            {"include": ["x"], "client_metadata": {"a": "b"}},
+        ),
     ],
 )
 def test_parameters_are_converted_for_each_provider(
@@ -81,7 +139,7 @@ def test_parameters_are_converted_for_each_provider(
         ("anthropic", {"response_format": {"type": "json_object"}}, "response_format"),
         ("anthropic", {"presence_penalty": 0.5}, "presence_penalty"),
         ("anthropic", {"logit_bias": {"50256": -100}}, "logit_bias"),
-        ("anthropic", {"reasoning_effort": "high"}, "reasoning_effort"),
+        ("anthropic", {"text": {"format": {"type": "json_object"}}}, "response_format"),
         ("anthropic", {"store": True}, "store"),
         ("openai-responses", {"stop": ["x"]}, "stop"),
         ("openai-responses", {"top_k": 3}, "top_k"),
@@ -92,6 +150,89 @@ def test_a_parameter_a_provider_lacks_is_refused_by_name(
 ) -> None:
     with pytest.raises(ValueError, match=rf"^{named} cannot be sent to this model: "):
         for_provider(provider, given)
+
+
+def test_what_is_left_out_is_said_and_effort_goes_only_to_a_model_that_reasons() -> None:
+    """Claude Code's fields on a Chat route: its effort becomes ``reasoning_effort`` on a
+    model that reasons; on one that does not, it is left out and said, like its context
+    management and metadata."""
+    claude_code = {
+        "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "metadata": {"user_id": "device"},
+    }
+    sent, left = for_route("openai", claude_code, reasons=True)
+    assert sent == {"reasoning_effort": "high"}
+    assert sorted(name for name, _ in left) == ["context_management", "metadata"]
+    sent, left = for_route("openai", claude_code, reasons=False)
+    assert sent == {}
+    assert sorted(name for name, _ in left) == [
+        "context_management",
+        "metadata",
+        "output_config.effort",
+    ]
+    assert all(why for _, why in left)
+    # the route's own API's fields pass as they are, whatever the model
+    assert for_route("openai", {"reasoning_effort": "low"}, reasons=False) == (
+        {"reasoning_effort": "low"},
+        [],
+    )
+
+
+#: Codex's tools (0.171.0, default features), shortened: functions, a namespace of functions,
+#: and the Responses API's hosted web search.
+CODEX_TOOLS = [
+    {"type": "function", "name": "exec_command", "parameters": {"type": "object"}, "strict": False},
+    {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Agents",
+        "tools": [
+            {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}},
+            {"type": "function", "name": "wait_agent", "parameters": {"type": "object"}},
+        ],
+    },
+    {"type": "web_search", "external_web_access": False},
+]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "openai-responses"])
+def test_namespaces_are_flattened_and_hosted_tools_go_only_where_they_run(provider: str) -> None:
+    """Every route gets Codex's namespace as functions named ``<namespace>__<name>``; web
+    search goes only to a Responses route, and is left out (said) elsewhere."""
+    sent, left = for_route(provider, {"tools": CODEX_TOOLS, "tool_choice": "auto"})
+    names = [t["function"]["name"] if "function" in t else t.get("name") for t in sent["tools"]]
+    names = [n for n in names if n]
+    assert names == ["exec_command", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait_agent"]
+    hosted = [t for t in sent["tools"] if t.get("type") == "web_search"]
+    if provider == "openai-responses":
+        assert hosted == [CODEX_TOOLS[2]] and left == []
+    else:
+        assert hosted == [] and [n for n, _ in left] == ["tools: web_search"]
+    # …and the request each provider builds carries only what its API defines
+    for tool in (_anthropic_body if provider == "anthropic" else _chat_body)(sent)["tools"]:
+        assert tool.get("type") != "namespace"
+
+
+def _chat_body(params: dict[str, Any]) -> dict[str, Any]:
+    from streamres._providers.tools import openai_tools
+
+    return openai_tools(params)
+
+
+def _anthropic_body(params: dict[str, Any]) -> dict[str, Any]:
+    from streamres._providers.tools import anthropic_tools
+
+    return anthropic_tools(params)
+
+
+def test_the_field_tables_are_whole_and_in_the_docs() -> None:
+    """Each table names only the other APIs; the proxy's documentation carries them as
+    rendered from the code."""
+    fields.check()
+    docs = (pathlib.Path(__file__).parents[2] / "docs" / "proxy.md").read_text(encoding="utf-8")
+    assert fields.markdown() in docs
 
 
 def test_images_and_documents_convert_every_way() -> None:
