@@ -253,10 +253,10 @@ def _shared_names(provider: str, out: dict[str, Any], left: list[Left]) -> None:
         if not out.get("metadata", True):
             del out["metadata"]
     tier = out.get("service_tier")
-    if isinstance(tier, str) and tier != "auto":
-        if (provider == "anthropic") != (tier == "standard_only"):
-            del out["service_tier"]
-            left.append(("service_tier", f"{tier!r:.20} is another API's tier"))
+    foreign = (provider == "anthropic") != (tier == "standard_only")
+    if isinstance(tier, str) and tier != "auto" and foreign:
+        del out["service_tier"]
+        left.append(("service_tier", f"{tier!r:.20} is another API's tier"))
 
 
 def _tools(provider: str, tools: Sequence[Any], left: list[Left]) -> list[Any]:

@@ -83,7 +83,7 @@ async def _round(
 
 
 async def resume(answers: int = 200) -> list[dict[str, Any]]:
-    from streamres.proxy.serve import running
+    from streamres.proxy.server.serve import running
 
     rows: list[dict[str, Any]] = []
     async with redis_server() as url, httpx.AsyncClient(timeout=60) as http:

@@ -7,9 +7,9 @@ call), ``outbound`` (events → the client's own wire format), ``app`` (the ASGI
 ``board`` (the health page), ``serve`` (uvicorn, the embedded default).
 """
 
-from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, ConfigError, load
-from streamres.proxy.serve import (
+from streamres.proxy.server.app import Proxy
+from streamres.proxy.server.serve import (
     embedded_models,
     event_loop,
     require_server,

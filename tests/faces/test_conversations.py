@@ -23,7 +23,7 @@ from openai import AsyncOpenAI
 from openresponses_types import types as spec
 
 from streamres.proxy.config import parse
-from streamres.proxy.serve import running
+from streamres.proxy.server.serve import running
 from streamres.upstream import FaultPlan, Upstream
 from tests.helpers.answers import WEATHER_TOOL, proxy_process, shared_config
 
@@ -317,8 +317,8 @@ async def test_stored_responses_are_written_again_after_redis_lost_them(
 
 def test_a_record_is_plain_json_with_its_conversation() -> None:
     """A conversation record is plain JSON (what Redis holds)."""
-    from streamres.proxy.inbound import parse as parse_call
-    from streamres.proxy.stored import Stored, stored_of
+    from streamres.proxy.answers.stored import Stored, stored_of
+    from streamres.proxy.faces.inbound import parse as parse_call
 
     call = parse_call("responses", json.dumps({"model": "m", "input": "hi"}).encode())
     response = {
@@ -342,8 +342,8 @@ def test_a_record_is_plain_json_with_its_conversation() -> None:
 async def test_the_store_keeps_within_its_bytes_and_its_time() -> None:
     """In memory, past ``max_bytes`` the oldest record goes; past ``keep`` a record is not
     found; ``[responses]`` with a bad value is one line naming it."""
+    from streamres.proxy.answers.stored import ResponseStore, Stored
     from streamres.proxy.config import ConfigError, StoreLimits
-    from streamres.proxy.stored import ResponseStore, Stored
 
     now = [1000.0]
     store = ResponseStore(StoreLimits(keep=60, max_bytes=600), lambda: None, clock=lambda: now[0])
@@ -367,7 +367,7 @@ async def test_the_store_keeps_within_its_bytes_and_its_time() -> None:
 def test_input_items_page_as_the_api_pages_them() -> None:
     """``limit``, ``order`` (newest first by default) and ``after``, with ``has_more`` and the
     first and last ids; a bad parameter is a ``ValueError`` (the proxy's 400)."""
-    from streamres.proxy.stored import page
+    from streamres.proxy.answers.stored import page
 
     items = [{"id": f"msg_{i}"} for i in range(5)]
     first = page(items, {"limit": "2"})

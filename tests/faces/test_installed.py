@@ -126,7 +126,7 @@ def test_proxy_faults_take_the_presets_and_refuse_a_bad_plan(
     capsys: pytest.CaptureFixture[str], cli: Any
 ) -> None:
     """`proxy --faults light` is the preset the README lists; a bad plan is one line, exit 2."""
-    from streamres.proxy.serve import embedded_models
+    from streamres.proxy.server.serve import embedded_models
 
     plan = embedded_models("light")["demo-large"].faults
     assert plan is not None and list(plan.queue) == parse_faults(PRESETS["light"])

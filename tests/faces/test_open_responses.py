@@ -14,7 +14,7 @@ import pytest
 from openresponses_types import types as spec
 
 from streamres.proxy.config import parse
-from streamres.proxy.serve import running
+from streamres.proxy.server.serve import running
 from streamres.upstream import Upstream
 from tests.helpers.answers import WEATHER_TOOL, Q
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from streamres.proxy.config import parse
-from streamres.proxy.serve import running
+from streamres.proxy.server.serve import running
 from streamres.upstream import Upstream
 from tests.helpers.answers import Q
 from tests.helpers.redis import free_port

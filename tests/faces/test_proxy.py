@@ -330,7 +330,7 @@ async def test_a_request_the_library_refuses_is_a_400_not_a_503(messages: Any) -
 async def test_stream_must_be_a_boolean_and_bearer_is_any_case() -> None:
     """``"stream": "false"`` is a 400 (it is truthy: it would have streamed); the Bearer scheme
     is case-insensitive, as HTTP says; the request history is bounded."""
-    from streamres.proxy.app import REQUESTS_KEPT
+    from streamres.proxy.server.app import REQUESTS_KEPT
 
     async with Upstream() as up:
         raw = {
@@ -700,7 +700,7 @@ async def test_a_proxy_with_a_semantic_cache_answers_a_question_asked_in_other_w
 async def test_a_refusal_that_came_with_a_200_is_not_a_success() -> None:
     """An upstream that refused in a 200's JSON body: the client gets a 4xx, never a 200; a real
     4xx keeps its status; capacity stays a 503 with Retry-After."""
-    from streamres.proxy.app import _status_of
+    from streamres.proxy.server.app import _status_of
 
     def rejected(code: int | None) -> streamres.StreamError:
         return streamres.RequestRejected("refused", partial_text="", status_code=code)
@@ -728,7 +728,7 @@ async def test_the_proxys_connections_send_without_waiting_for_acks() -> None:
     import asyncio
     import socket
 
-    from streamres.proxy.serve import _listening
+    from streamres.proxy.server.serve import _listening
 
     sock = _listening("127.0.0.1", 0)
     nodelay: list[int] = []

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from streamres.proxy.serve import running
+from streamres.proxy.server.serve import running
 from streamres.upstream import Upstream
 from tests.helpers.answers import (
     Q,
@@ -438,9 +438,9 @@ def test_a_reader_ahead_of_a_copy_gets_only_what_it_has_not() -> None:
     a successor after a stand-down): as the copy grows, the reader gets the events past the
     one it named, never again those before it."""
     import streamres
-    from streamres.proxy.answer import Held
-    from streamres.proxy.inbound import parse
-    from streamres.proxy.outbound import Writer
+    from streamres.proxy.answers.answer import Held
+    from streamres.proxy.faces.inbound import parse
+    from streamres.proxy.faces.outbound import Writer
 
     call = parse("openai", json.dumps({"model": "m", "messages": Q, "stream": True}).encode())
     held = Held(Writer(call, model="m"), call, None, ["m"], {}, None, 0.0)

@@ -18,7 +18,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from streamres.proxy.config import HoldLimits, parse
-from streamres.proxy.serve import running
+from streamres.proxy.server.serve import running
 from streamres.upstream import FaultPlan, ModelSpec, Upstream
 from tests.helpers.answers import (
     BODIES,
@@ -581,7 +581,7 @@ async def test_served_without_a_lifespan_answers_still_run() -> None:
     """The proxy as a bare ASGI app (no lifespan, so no task group of its own): a streamed
     answer is produced inside its request, and a background one before its response."""
     import streamres
-    from streamres.proxy.app import Proxy
+    from streamres.proxy.server.app import Proxy
 
     async with Upstream(token_delay=0) as up:
         config = parse({"routes": [{"name": "m", "model": "m", "base_url": up.openai_url}]}, {})

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from streamres.proxy.config import parse
-from streamres.proxy.serve import running
+from streamres.proxy.server.serve import running
 from streamres.upstream import Upstream
 from tests.helpers.answers import Q, read_on, sse_events, text_of
 

@@ -14,7 +14,7 @@ import anyio
 import httpx
 
 from streamres.proxy.config import parse
-from streamres.proxy.serve import running
+from streamres.proxy.server.serve import running
 from streamres.upstream import Upstream
 from tests.helpers.redis import free_port
 

@@ -170,7 +170,7 @@ def test_the_proxy_listens_with_the_kernel_s_longest_queue() -> None:
     from pathlib import Path
 
     from streamres.proxy.config import ServerLimits
-    from streamres.proxy.serve import _server_settings
+    from streamres.proxy.server.serve import _server_settings
 
     where = Path("/proc/sys/net/core/somaxconn")
     if not where.exists():

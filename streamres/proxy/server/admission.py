@@ -13,27 +13,12 @@ from typing import Any
 
 import streamres
 from streamres.proxy.config import ClientKey, Config, ServerLimits
-from streamres.proxy.quota import FleetQuota
+from streamres.proxy.faces.refusal import Refused
+from streamres.proxy.server.quota import FleetQuota
 
-__all__ = ["Admission", "ClientState", "Refused", "Slot", "not_private"]
+__all__ = ["Admission", "ClientState", "Slot", "not_private"]
 
 Scope = MutableMapping[str, Any]
-
-
-class Refused(Exception):
-    """A request refused: its status, why, and when to come back."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        retry_after: float | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.retry_after = status, message, retry_after
-        #: The error's code in OpenAI's shape, when not the status's usual one.
-        self.code = code
 
 
 @dataclass

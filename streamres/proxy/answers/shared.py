@@ -46,8 +46,8 @@ from typing import Any, Literal
 import anyio
 
 import streamres
-from streamres.proxy.inbound import Call
-from streamres.proxy.outbound import Writer
+from streamres.proxy.faces.inbound import Call
+from streamres.proxy.faces.outbound import Writer
 
 __all__ = ["FLUSH", "LEASE_MS", "SETTLE", "SharedAnswers", "Taken", "event_from", "event_json"]
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from streamres.proxy.config import StoreLimits
-from streamres.proxy.inbound import Call, responses_messages
+from streamres.proxy.faces.inbound import Call, responses_messages
 
 __all__ = ["Away", "ResponseStore", "Stored", "page", "stored_of"]
 

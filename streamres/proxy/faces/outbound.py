@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streamres import DoneEvent, Route, StreamError, ToolCallEvent
-from streamres.proxy.inbound import API, Call
+from streamres.proxy.faces.inbound import API, Call
 
 __all__ = ["PREFIXES", "Writer", "answer_usage", "error_body", "responses_usage"]
 

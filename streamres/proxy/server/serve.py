@@ -24,8 +24,8 @@ import anyio
 
 import streamres
 from streamres._shell.apps import installed, log, redact_url, require
-from streamres.proxy.app import Proxy
 from streamres.proxy.config import Config, HoldLimits, ServerLimits, load
+from streamres.proxy.server.app import Proxy
 from streamres.upstream import PRESETS, FaultPlan, ModelSpec, Upstream, demo_storm
 
 __all__ = ["Running", "embedded_config", "embedded_models", "require_server", "running", "serve"]
@@ -116,7 +116,7 @@ class WorkerApp:
                 if message["type"] == "lifespan.startup":
                     config = load(os.environ["STREAMRES_PROXY_CONFIG"])
                     redis = os.environ.get("STREAMRES_PROXY_REDIS") or None
-                    from streamres.proxy.connections import Guarded
+                    from streamres.proxy.server.connections import Guarded
 
                     Guarded.limits = config.server
                     self.app = await self._stack.enter_async_context(_proxy_app(config, redis))
@@ -158,7 +158,7 @@ def serve_workers(
         flush=True,
     )
     uvicorn.run(
-        "streamres.proxy.serve:worker_app",
+        "streamres.proxy.server.serve:worker_app",
         factory=True,
         host=host,
         port=port,
@@ -167,7 +167,7 @@ def serve_workers(
         log_level="warning",
         access_log=False,
         **_server_settings(limits),
-        http="streamres.proxy.connections:Guarded",  # each worker sets its limits at startup
+        http="streamres.proxy.server.connections:Guarded",  # each worker sets its limits at startup
         loop="uvloop" if event_loop(loop)["use_uvloop"] else "asyncio",
     )
 
@@ -328,7 +328,7 @@ class _Uvicorn:
     def __init__(self, app: Proxy, host: str, port: int, limits: ServerLimits) -> None:
         import uvicorn
 
-        from streamres.proxy.connections import guarded
+        from streamres.proxy.server.connections import guarded
 
         self.server = uvicorn.Server(
             uvicorn.Config(

@@ -8,11 +8,11 @@ from typing import Any
 
 import anyio
 
-from streamres.proxy.admission import Refused
-from streamres.proxy.answer import Held
-from streamres.proxy.held import Answers
-from streamres.proxy.inbound import Call
-from streamres.proxy.stored import Away, ResponseStore, Stored, page, stored_of
+from streamres.proxy.answers.answer import Held
+from streamres.proxy.answers.held import Answers
+from streamres.proxy.answers.stored import Away, ResponseStore, Stored, page, stored_of
+from streamres.proxy.faces.inbound import Call
+from streamres.proxy.faces.refusal import Refused
 
 __all__ = ["Conversations"]
 

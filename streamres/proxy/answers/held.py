@@ -47,10 +47,8 @@ from anyio.abc import TaskGroup
 
 import streamres
 from streamres._shell.apps import log
-from streamres.proxy.answer import Full, Held, Ledger
-from streamres.proxy.config import HoldLimits
-from streamres.proxy.outbound import Writer, without_urls
-from streamres.proxy.shared_answers import (
+from streamres.proxy.answers.answer import Full, Held, Ledger
+from streamres.proxy.answers.shared import (
     FLUSH,
     LEASE_MS,
     SharedAnswers,
@@ -59,6 +57,8 @@ from streamres.proxy.shared_answers import (
     event_from,
     event_json,
 )
+from streamres.proxy.config import HoldLimits
+from streamres.proxy.faces.outbound import Writer, without_urls
 
 __all__ = ["Answers", "Full", "Held", "within"]
 

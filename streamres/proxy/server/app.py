@@ -56,16 +56,17 @@ from streamres._shell.apps import (
     otel_installed,
     parse_priority,
 )
-from streamres.proxy.admission import Admission, ClientState, Refused, Slot, not_private
-from streamres.proxy.answer import Full, Held
-from streamres.proxy.board import BOARD_HTML
-from streamres.proxy.chat_page import CHAT_HTML
+from streamres.proxy.answers.answer import Full, Held
+from streamres.proxy.answers.conversations import Conversations
+from streamres.proxy.answers.held import Answers, within
+from streamres.proxy.answers.stored import ResponseStore
 from streamres.proxy.config import Config, ServerLimits
-from streamres.proxy.conversations import Conversations
-from streamres.proxy.held import Answers, within
-from streamres.proxy.inbound import API, BadRequest, Call, parse
-from streamres.proxy.outbound import PREFIXES, Writer, error_body, without_urls
-from streamres.proxy.stored import ResponseStore
+from streamres.proxy.faces.inbound import API, BadRequest, Call, parse
+from streamres.proxy.faces.outbound import PREFIXES, Writer, error_body, without_urls
+from streamres.proxy.faces.refusal import Refused
+from streamres.proxy.server.admission import Admission, ClientState, Slot, not_private
+from streamres.proxy.server.board import BOARD_HTML
+from streamres.proxy.server.chat_page import CHAT_HTML
 
 __all__ = ["Proxy"]
 

@@ -9,9 +9,9 @@ from typing import Any, Literal
 import anyio
 
 import streamres
-from streamres.proxy.inbound import Call
-from streamres.proxy.outbound import Writer, answer_usage, responses_usage
-from streamres.proxy.shared_answers import event_json
+from streamres.proxy.answers.shared import event_json
+from streamres.proxy.faces.inbound import Call
+from streamres.proxy.faces.outbound import Writer, answer_usage, responses_usage
 
 __all__ = ["EVENT_BYTES", "Full", "Held", "Ledger", "Status"]
 
