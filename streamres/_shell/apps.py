@@ -12,8 +12,11 @@ from streamres._answer.options import KNOWN_ARGUMENTS
 from streamres._core.bounds import ANSWER
 from streamres._core.lanes import NORMAL, parse_priority
 from streamres._core.redact import redact_url
-from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST
+from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST, model_reasons
 from streamres._core.wording import plural
+from streamres._providers.fields import markdown as fields_markdown
+from streamres._providers.params import for_route
+from streamres._providers.tools import flat_name
 from streamres._shell.cliargs import (
     DEFAULT_MODELS,
     Parser,
@@ -42,10 +45,14 @@ __all__ = [
     "Parser",
     "SharedState",
     "add_target_arguments",
+    "fields_markdown",
+    "flat_name",
+    "for_route",
     "install_hint",
     "installed",
     "load_counter",
     "log",
+    "model_reasons",
     "offline_refusal",
     "otel_installed",
     "parse_priority",

@@ -57,6 +57,9 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     grace = 10                # seconds answers in flight get when the proxy stops
     half_close = false        # true: a client that shuts its sending side still gets its answer
 
+    [tools]
+    hosted = "leave_out"      # a hosted tool a route's API does not run: "leave_out" or "refuse"
+
     [answers]                 # answers that outlive their connection (see the README)
     hold = 20                 # seconds an answer keeps running for a reader that went
     keep = 600                # seconds an ended (or parked) answer is kept to be read again
@@ -274,6 +277,10 @@ class Config:
     answers: HoldLimits = field(default_factory=HoldLimits)
     #: Stored Responses API responses (``[responses]``).
     responses: StoreLimits = field(default_factory=StoreLimits)
+    #: A hosted tool (web search, code interpreter, MCP…) asked of a model whose chain has a
+    #: route whose API does not run it (``[tools] hosted``): ``"leave_out"`` (the request is
+    #: served without it, and the log says so) or ``"refuse"`` (a 400 naming tool and route).
+    hosted_tools: str = "leave_out"
 
     def client_options(self) -> dict[str, Any]:
         """What this configuration says of a ``Client``: its routes, account limits and
@@ -325,6 +332,7 @@ _TABLES = (
     "responses",
     "clients",
     "operator",
+    "tools",
 )
 _POLICY_KEYS = (
     "deadline",
@@ -444,6 +452,11 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     _known("", raw, _TABLES, "table")
     _known("[policy]: ", raw.get("policy"), _POLICY_KEYS)
     _known("[operator]: ", raw.get("operator"), _OPERATOR_KEYS)
+    _known("[tools]: ", raw.get("tools"), ("hosted",))
+    tools = raw.get("tools")
+    hosted = tools.get("hosted", "leave_out") if isinstance(tools, Mapping) else "leave_out"
+    if hosted not in ("leave_out", "refuse"):
+        raise ConfigError(f'[tools]: hosted = "leave_out" or "refuse", not {hosted!r:.40}')
     _known("[server]: ", raw.get("server"), [f.name for f in dataclasses.fields(ServerLimits)])
     _known("[answers]: ", raw.get("answers"), [f.name for f in dataclasses.fields(HoldLimits)])
     _known("[responses]: ", raw.get("responses"), [f.name for f in dataclasses.fields(StoreLimits)])
@@ -559,4 +572,5 @@ def parse(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         server=limits,
         answers=held,
         responses=stored,
+        hosted_tools=hosted,
     )

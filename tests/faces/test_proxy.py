@@ -558,7 +558,7 @@ async def test_the_health_board_shows_a_model_turning_jammed_in_a_browser() -> N
     async with running(port=0, faults="503*40", token_delay=0) as run:
         for _ in range(6):  # the large model fails every time; the small one answers
             await _openai_text(run.url, model="demo")
-        assert run.proxy.health()["models"]["demo-large"]["status"] == "jammed"
+        assert run.proxy.pages.health()["models"]["demo-large"]["status"] == "jammed"
         done = await anyio.run_process(
             [
                 browser,
@@ -590,7 +590,7 @@ async def test_the_board_charts_each_models_last_minutes_in_a_browser(tmp_path: 
     async with running(port=0, faults="503*40", token_delay=0) as run:
         for _ in range(6):
             await _openai_text(run.url, model="demo")
-        health = run.proxy.health()["models"]
+        health = run.proxy.pages.health()["models"]
         assert health["demo-large"]["trend"] and health["demo-large"]["breaker_changes"]
         done = await anyio.run_process(
             [*base, "--virtual-time-budget=4000", "--dump-dom", run.url + "/"], check=False

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from streamres._shell.apps import flat_name
+
 __all__ = ["API", "BadRequest", "Call", "input_items", "parse", "responses_messages"]
 
 API = Literal["openai", "anthropic", "responses"]
@@ -239,14 +241,28 @@ def _openai_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def _anthropic_messages(messages: Any, system: Any) -> list[dict[str, Any]]:
+    """Messages API turns as OpenAI-shaped messages. A ``system`` message among them (the
+    mid-conversation system messages Claude Code sends) stays in its place: a Chat or
+    Responses route takes it there; an Anthropic route's request gathers it into ``system``,
+    as a server without the beta would need. Refusals are worded as Anthropic's API words
+    them, so a client's own fallbacks (which read the words) recognise them."""
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
+        raise BadRequest("messages: Field required (a non-empty list of messages)")
     out: list[dict[str, Any]] = []
     if system:
         out.append({"role": "system", "content": _text(system)})
-    for m in messages:
-        if not isinstance(m, Mapping) or m.get("role") not in ("user", "assistant"):
-            raise BadRequest("each message needs a 'role' of 'user' or 'assistant'")
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, Mapping) else None
+        if role == "system" and isinstance(m, Mapping):
+            if not isinstance(m.get("content"), (str, list)):
+                raise BadRequest(f"messages.{i}.content: a string or a list of text blocks")
+            out.append({"role": "system", "content": _text(m["content"])})
+            continue
+        if role not in ("user", "assistant") or not isinstance(m, Mapping):
+            raise BadRequest(
+                f'messages.{i}: Unexpected role "{str(role)[:40]}". Allowed roles are "user" '
+                'and "assistant" (and "system" within the conversation)'
+            )
         content = m.get("content")
         if isinstance(content, str):
             out.append({"role": m["role"], "content": content})
@@ -317,10 +333,13 @@ def _responses_messages(items: Any, instructions: Any, *, continued: bool) -> li
             parts = list(content) if media and isinstance(content, list) else None
             out.append({"role": role, "content": parts or _text(content)})
         elif kind == "function_call":
+            name, group = item.get("name"), item.get("namespace")
+            if isinstance(group, str) and group and isinstance(name, str):
+                name = flat_name(group, name)  # a namespace's function, as routes know it
             call = {
                 "id": item.get("call_id"),
                 "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"},
+                "function": {"name": name, "arguments": item.get("arguments") or "{}"},
             }
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:

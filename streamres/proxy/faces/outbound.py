@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streamres import DoneEvent, Route, StreamError, ToolCallEvent
+from streamres._shell.apps import flat_name
 from streamres.proxy.faces.inbound import API, Call
 
 __all__ = ["PREFIXES", "Writer", "answer_usage", "error_body", "responses_usage"]
@@ -103,6 +104,9 @@ class Writer:
         self._text: list[str] = []
         self._items: list[dict[str, Any]] = []  # Responses: output items done so far
         self._calls = 0
+        #: Responses: the functions of the request's ``namespace`` tools by the name routes
+        #: call them (``<namespace>__<name>``): handed back as the namespace's own.
+        self._spaces = _namespaced(call.params.get("tools")) if call.api == "responses" else {}
         #: Comments wait for the next event, in whose block they go: an SDK's SSE decoder
         #: (the official openai and anthropic ones) takes a comment-only block after an
         #: ``id:`` for an event with no data, and fails on it.
@@ -332,7 +336,7 @@ class Writer:
             "type": "function_call",
             "status": "in_progress",
             "call_id": ev.id,
-            "name": ev.name,
+            **self._named(ev.name),
             "arguments": "",
         }
         done = {**item, "status": "completed", "arguments": ev.arguments}
@@ -354,6 +358,11 @@ class Writer:
             )
             + self._resp("response.output_item.done", output_index=idx, item=done)
         )
+
+    def _named(self, name: str) -> dict[str, str]:
+        """A Responses ``function_call``'s name, and its namespace when it has one."""
+        spaced = self._spaces.get(name)
+        return {"name": name} if spaced is None else {"namespace": spaced[0], "name": spaced[1]}
 
     def moved(self, ev: Any) -> None:
         """A retry, resume or fallback names the model the answer goes to: chunks name it."""
@@ -572,7 +581,7 @@ class Writer:
                     "type": "function_call",
                     "status": "completed",
                     "call_id": c.id,
-                    "name": c.name,
+                    **self._named(c.name),
                     "arguments": c.arguments,
                 }
             )
@@ -581,6 +590,21 @@ class Writer:
         if status == "incomplete":
             extra["incomplete_details"] = {"reason": "max_output_tokens"}
         return _dump(self._response(status, **extra))
+
+
+def _namespaced(tools: Any) -> dict[str, tuple[str, str]]:
+    """The functions of ``namespace`` tools: ``{flat name: (namespace, name)}``."""
+    found: dict[str, tuple[str, str]] = {}
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            group = str(tool.get("name", ""))
+            for member in tool.get("tools") or ():
+                if not isinstance(member, dict):
+                    continue
+                name = member.get("name") or (member.get("function") or {}).get("name")
+                if isinstance(name, str):
+                    found[flat_name(group, name)] = (group, name)
+    return found
 
 
 def responses_usage(inp: int, out: int) -> dict[str, Any]:

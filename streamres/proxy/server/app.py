@@ -37,22 +37,20 @@ answers are stored when they end, to be continued (``previous_response_id``), re
 
 from __future__ import annotations
 
-import base64
 import collections
-import hmac
 import inspect
 import json
-import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
+import httpx
 
 import streamres
 from streamres._shell.apps import (
     KNOWN_ARGUMENTS,
     NORMAL,
-    install_hint,
+    load_counter,
+    log,
     otel_installed,
     parse_priority,
 )
@@ -60,24 +58,37 @@ from streamres.proxy.answers.answer import Full, Held
 from streamres.proxy.answers.conversations import Conversations
 from streamres.proxy.answers.held import Answers, within
 from streamres.proxy.answers.stored import ResponseStore
-from streamres.proxy.config import Config, ServerLimits
+from streamres.proxy.config import Config
+from streamres.proxy.faces.counts import (
+    MESSAGE_OVERHEAD,
+    count_body,
+    prompt_pieces,
+    upstream_request,
+)
+from streamres.proxy.faces.fates import HOSTED, left_out
 from streamres.proxy.faces.inbound import API, BadRequest, Call, parse
-from streamres.proxy.faces.outbound import PREFIXES, Writer, error_body, without_urls
+from streamres.proxy.faces.outbound import PREFIXES, Writer, without_urls
 from streamres.proxy.faces.refusal import Refused
+from streamres.proxy.server import asgi
 from streamres.proxy.server.admission import Admission, ClientState, Slot, not_private
+from streamres.proxy.server.asgi import Receive, Scope, Send
 from streamres.proxy.server.board import BOARD_HTML
 from streamres.proxy.server.chat_page import CHAT_HTML
+from streamres.proxy.server.pages import Pages
 
 __all__ = ["Proxy"]
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _APIS: dict[str, API] = {
     "/v1/chat/completions": "openai",
     "/v1/messages": "anthropic",
     "/v1/responses": "responses",
+}
+
+#: Token counts of a request before it is sent, in the two APIs that have them.
+_COUNTS: dict[str, API] = {
+    "/v1/messages/count_tokens": "anthropic",
+    "/v1/responses/input_tokens": "responses",
 }
 
 #: ``Client.stream``'s own arguments: a request body's fields go to it as extra body fields, so
@@ -132,7 +143,8 @@ class Proxy:
         #: [path, model, status] of the last ``REQUESTS_KEPT`` answer requests, in the order
         #: they came (the status is 0 until it is sent).
         self.requests: collections.deque[list[Any]] = collections.deque(maxlen=REQUESTS_KEPT)
-        self._metrics: Any = None
+        #: The operator's pages (models, health, metrics).
+        self.pages = Pages(client, config)
         #: Streamed answers, held for readers that go and come back (``held``).
         self.answers = Answers(client, config.answers)
         #: Stored Responses API responses (``previous_response_id``, ``GET``, ``DELETE``).
@@ -144,22 +156,26 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":  # served on its own: answers live as long as it
             async with self.answers.run():
-                await _lifespan(receive, send)
+                await asgi.lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
         refused = None if self.clients else not_private(scope, self.config.server)
         if refused is not None:
-            await _json(send, 403, {"error": {"message": refused, "type": "forbidden"}})
+            await asgi.json_response(
+                send, 403, {"error": {"message": refused, "type": "forbidden"}}
+            )
             return
         path, method = scope["path"], scope["method"]
         if method == "POST" and path in _APIS:
             await self._answer(_APIS[path], scope, receive, send)
+        elif method == "POST" and path in _COUNTS:
+            await self._count(_COUNTS[path], scope, receive, send)
         elif path.startswith(("/v1/answers/", "/v1/responses/")):
             await self._again(scope, receive, send)
         elif method == "GET" and path == "/v1/models":
-            await _json(send, 200, self._models())
-        elif method == "GET" and path in _OPERATOR_PAGES and not self._operator(scope):
+            await asgi.json_response(send, 200, self.pages.models())
+        elif method == "GET" and path in _OPERATOR_PAGES and not self.pages.operator(scope):
             message = (
                 "the proxy's health and metrics need the operator key: Authorization: Bearer "
                 "KEY (a browser asks for it as a password)"
@@ -169,40 +185,20 @@ class Proxy:
             )
             challenge = [(b"www-authenticate", b'Basic realm="streamres operator"')]
             body = json.dumps({"error": {"message": message}}).encode()
-            await _respond(send, 401, body, "application/json", challenge)
+            await asgi.respond(send, 401, body, "application/json", challenge)
         elif method == "GET" and path == "/health":
-            await _json(send, 200, self.health())
+            await asgi.json_response(send, 200, self.pages.health())
         elif method == "GET" and path == "/health/stream":
-            await self._health_stream(receive, send)
+            await self.pages.health_stream(receive, send)
         elif method == "GET" and path == "/metrics":
-            await self._prometheus(send)
-        elif method == "GET" and path == "/":
-            await _respond(send, 200, BOARD_HTML.encode(), "text/html; charset=utf-8")
+            await self.pages.prometheus(send)
+        elif method in ("GET", "HEAD") and path == "/":
+            page = BOARD_HTML.encode() if method == "GET" else b""
+            await asgi.respond(send, 200, page, "text/html; charset=utf-8")
         elif method == "GET" and path == "/chat":
-            await _respond(send, 200, CHAT_HTML.encode(), "text/html; charset=utf-8")
+            await asgi.respond(send, 200, CHAT_HTML.encode(), "text/html; charset=utf-8")
         else:
-            await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
-
-    def _operator(self, scope: Scope) -> bool:
-        """May this request see the health pages and metrics? Always without client keys (a
-        private proxy) or with ``public_health``; else with the operator key, as a bearer
-        token or as the password of HTTP Basic (what a browser sends for the board)."""
-        config = self.config
-        if not config.clients or config.public_health:
-            return True
-        if not config.operator_key:
-            return False
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        given = token.strip()
-        if scheme.lower() == "basic":
-            try:
-                given = base64.b64decode(given, validate=True).decode().partition(":")[2]
-            except (ValueError, UnicodeDecodeError):
-                return False
-        elif scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(config.operator_key.encode(), given.encode())
+            await asgi.json_response(send, 404, {"error": {"message": f"no {method} {path} here"}})
 
     # -- answers -------------------------------------------------------------------------
 
@@ -215,12 +211,12 @@ class Proxy:
             state, slot = await self.admission.admit(headers)
         except Refused as exc:
             served[2] = exc.status
-            await _error(send, api, exc.status, str(exc), exc.retry_after)
+            await asgi.error(send, api, exc.status, str(exc), exc.retry_after)
             return
         try:  # from here on, however the request ends, its key's in-flight count goes back
             # (a held answer takes it: it goes back when the answer stops running)
             try:
-                call = parse(api, await _body(receive, self.config.server))
+                call = parse(api, await asgi.body(receive, self.config.server))
                 chain = self.config.models.get(call.model)
                 if chain is None:
                     raise Refused(
@@ -239,10 +235,13 @@ class Proxy:
                     raise Refused(
                         400, f"{own[0]!r} is not a field of this API; the proxy sets it itself"
                     )
+                self._left_out(call, chain)
             except (Refused, BadRequest) as exc:
                 refused = exc if isinstance(exc, Refused) else Refused(400, str(exc))
                 served[2] = refused.status
-                await _error(send, api, refused.status, str(exc), refused.retry_after, refused.code)
+                await asgi.error(
+                    send, api, refused.status, str(exc), refused.retry_after, refused.code
+                )
                 return
             served[1] = call.model
             status_events = headers.get("x-streamres-status") == "events"
@@ -257,6 +256,57 @@ class Proxy:
             )
         finally:
             await slot.give_back()
+
+    async def _count(self, api: API, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request's input tokens: asked of the first route of its model's chain when that
+        route's API counts them, else (or when it fails) counted here, an estimate
+        (``x-streamres-count``: ``upstream`` or ``estimate``)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            self.admission.reader(headers)
+            raw = await asgi.body(receive, self.config.server)
+            call = parse(api, raw)
+            chain = self.config.models.get(call.model)
+            if chain is None:
+                raise Refused(404, f"the model {call.model!r} does not exist here")
+            await self.conversations.follow_on(call, self.admission.reader(headers))
+        except (Refused, BadRequest) as exc:
+            refused = exc if isinstance(exc, Refused) else Refused(400, str(exc))
+            await asgi.error(send, api, refused.status, str(exc), refused.retry_after)
+            return
+        route = next(r for r in self.client.routes if r.key == chain[0])
+        asked = upstream_request(call, json.loads(raw), route)
+        tokens = await _upstream_count(*asked) if asked is not None else None
+        how = b"upstream"
+        if tokens is None:
+            how = b"estimate"
+            _, count = await load_counter(route.model)
+            pieces = prompt_pieces(call)
+            tokens = sum(count(p) for p in pieces) + MESSAGE_OVERHEAD * (len(call.messages) + 1)
+        body = json.dumps(count_body(call, tokens)).encode()
+        await asgi.respond(send, 200, body, "application/json", [(b"x-streamres-count", how)])
+
+    def _left_out(self, call: Call, chain: list[str]) -> None:
+        """Say what of the request a route of its chain leaves out (the log), or refuse a
+        hosted tool one cannot run when the operator asks for that (``[tools] hosted``)."""
+        routes = [r for key in dict.fromkeys(chain) for r in self.client.routes if r.key == key]
+        left = left_out(call, routes)
+        if not left:
+            return
+        if self.config.hosted_tools == "refuse":
+            for key, name, why in left:
+                if name.startswith(HOSTED):
+                    raise Refused(
+                        400,
+                        f"{name.removeprefix(HOSTED)} is a hosted tool route {key!r} cannot run "
+                        f"({why}); ask a model whose routes run it, or leave the tool out",
+                    )
+        log.info(
+            "streamres.proxy_left_out",
+            model=call.model,
+            left=[f"{key}: {name}" for key, name, _ in left],
+            why=sorted({why for _, _, why in left}),
+        )
 
     async def _run(
         self,
@@ -291,7 +341,7 @@ class Proxy:
                 if held.slot is not None:
                     await held.slot.give_back()
                 served[2] = exc.status
-                await _error(send, call.api, exc.status, str(exc), 5.0)
+                await asgi.error(send, call.api, exc.status, str(exc), 5.0)
                 return
             if not call.stream and self.answers.tasks is None:
                 # Served without the proxy's task group (no ASGI lifespan): nothing would run
@@ -299,7 +349,7 @@ class Proxy:
                 await self.answers.produce_here(held)
             if not call.stream:  # background: the answer runs; it is read later
                 served[2] = 200
-                await _json(send, 200, held.snapshot())
+                await asgi.json_response(send, 200, held.snapshot())
                 return
             if self.answers.tasks is not None:
                 # Its producer first, until its request is out: the reader gets ready while
@@ -308,7 +358,7 @@ class Proxy:
             await self._read(held, -1, receive, send, served)
             return
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
+            tg.start_soon(asgi.watch_disconnect, receive, tg.cancel_scope)
             try:
                 await self._relay(call, chain, kwargs, writer, send, served, tenant, parent, owner)
             except anyio.get_cancelled_exc_class():
@@ -337,7 +387,7 @@ class Proxy:
         head = [(b"x-streamres-answer", held.id.encode())]
         answers = self.answers
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
+            tg.start_soon(asgi.watch_disconnect, receive, tg.cancel_scope)
             with answers.reading(held):
                 if not held.producing and not held.log.ended and answers.tasks is None:
                     tg.start_soon(answers.produce_here, held)  # no task group: made here
@@ -345,27 +395,27 @@ class Proxy:
                     # A client of status events is told of waits in-band: its head (with
                     # the answer's id) at once, so a reload during a wait finds the answer.
                     served[2] = 200
-                    await _start(send, 200, "text/event-stream", head)
+                    await asgi.start(send, 200, "text/event-stream", head)
                 try:
                     ended = False
                     async for data, last in answers.follow(held, after):
                         if not served[2]:
                             served[2] = 200
-                            await _start(send, 200, "text/event-stream", head)
-                        await _piece(send, data, more=not last)  # the last one ends it
+                            await asgi.start(send, 200, "text/event-stream", head)
+                        await asgi.piece(send, data, more=not last)  # the last one ends it
                         ended = last
                     if served[2]:
                         if not ended:
-                            await _piece(send, b"", more=False)
+                            await asgi.piece(send, b"", more=False)
                     elif held.started and after >= 0:  # read to its end already
                         served[2] = at_end
                         kind = "text/event-stream" if at_end == 200 else "text/plain"
-                        await _respond(send, at_end, b"", kind, head)
+                        await asgi.respond(send, at_end, b"", kind, head)
                     else:  # it failed before any text
                         exc = held.log.error or streamres.StreamError("the answer failed")
                         status, retry = _status_of(exc)
                         served[2] = status
-                        await _error(send, held.call.api, status, str(exc), retry)
+                        await asgi.error(send, held.call.api, status, str(exc), retry)
                 except anyio.get_cancelled_exc_class():
                     if not tg.cancel_scope.cancel_called:  # the server stops: the client is here
                         with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
@@ -395,7 +445,7 @@ class Proxy:
         )
         verb = verbs.get((method, action))
         if verb is None:
-            await _json(send, 404, {"error": {"message": f"no {method} {path} here"}})
+            await asgi.json_response(send, 404, {"error": {"message": f"no {method} {path} here"}})
             return
         try:
             owner = self.admission.reader(headers)
@@ -403,10 +453,10 @@ class Proxy:
                 await self.conversations.serve(verb, answer_id, owner, query) if responses else None
             )
         except Refused as exc:
-            await _error(send, api, exc.status, exc.message, exc.retry_after)
+            await asgi.error(send, api, exc.status, exc.message, exc.retry_after)
             return
         if kept is not None:
-            await _json(send, *kept)
+            await asgi.json_response(send, *kept)
             return
         held = self.answers.find(answer_id, owner) or await self.answers.find_shared(
             answer_id, owner
@@ -417,7 +467,7 @@ class Proxy:
                 "this answer cannot be looked up now: shared state is away, or has just come "
                 "back and the proxies holding answers are writing them again — try again"
             )
-            await _error(send, api, 503, message, 2.0)
+            await asgi.error(send, api, 503, message, 2.0)
             return
         if (
             held is None
@@ -428,18 +478,18 @@ class Proxy:
                 "no such answer here: it never was, it is another key's, or it ended over "
                 f"{self.config.answers.keep:g} s ago and was forgotten"
             )
-            await _error(send, api, 404, message, None, "answer_not_found")
+            await asgi.error(send, api, 404, message, None, "answer_not_found")
             return
         await self.answers.refresh(held)  # parked here: another process may have gone on
         if verb == "stop":
             await self.answers.stop(held)
             if responses:
-                await _json(send, 200, held.snapshot())
+                await asgi.json_response(send, 200, held.snapshot())
             else:
-                await _json(send, 200, _state(held))
+                await asgi.json_response(send, 200, _state(held))
             return
         if verb == "state" or (verb == "read" and query.get("stream") != "true"):
-            await _json(send, 200, held.snapshot() if responses else _state(held))
+            await asgi.json_response(send, 200, held.snapshot() if responses else _state(held))
             return
         try:
             if held.readers >= self.config.answers.max_readers:
@@ -469,7 +519,7 @@ class Proxy:
                 # Read again, it runs again: one of its key's answers in flight.
                 held.slot = await self.admission.slot(self.admission.client_of(headers))
         except Refused as exc:
-            await _error(send, api, exc.status, exc.message, exc.retry_after)
+            await asgi.error(send, api, exc.status, exc.message, exc.retry_after)
             return
         served = [scope["path"], held.call.model, 0]
         # A browser's EventSource sends Last-Event-ID, and comes again after a 200 that ends.
@@ -485,11 +535,11 @@ class Proxy:
         )
         if served[2] == 200 and call.stream:
             error = streamres.StreamError(message, reason="shutdown")
-            await _piece(send, writer.failed(error))
-            await _piece(send, b"", more=False)
+            await asgi.piece(send, writer.failed(error))
+            await asgi.piece(send, b"", more=False)
         elif served[2] == 0:
             served[2] = 503
-            await _error(send, call.api, 503, message, 5.0)
+            await asgi.error(send, call.api, 503, message, 5.0)
 
     async def _relay(
         self,
@@ -511,9 +561,9 @@ class Proxy:
             if not started:
                 started = True
                 served[2] = 200
-                await _start(send, 200, "text/event-stream")
+                await asgi.start(send, 200, "text/event-stream")
                 data = writer.start() + b"".join(pending) + data
-            await _piece(send, data)
+            await asgi.piece(send, data)
 
         try:
             with within(parent):  # the answer's span, if traced, is the caller's child
@@ -528,7 +578,7 @@ class Proxy:
                             if call.api == "responses":
                                 await self.conversations.kept(call, json.loads(body), owner)
                             served[2] = 200
-                            await _respond(send, 200, body, "application/json")
+                            await asgi.respond(send, 200, body, "application/json")
                             return
                         continue
                     if ev.type == "text":
@@ -539,7 +589,7 @@ class Proxy:
                         await out(writer.tool_call(ev))
                     elif ev.type == "done":
                         await out(writer.done(ev))
-                        await _piece(send, b"", more=False)
+                        await asgi.piece(send, b"", more=False)
                         return
                     elif started:
                         await out(writer.status(ev))
@@ -549,101 +599,22 @@ class Proxy:
             exc = without_urls(error, self.client.routes)
             if started:
                 await out(writer.failed(exc))
-                await _piece(send, b"", more=False)
+                await asgi.piece(send, b"", more=False)
                 return
             status, retry = _status_of(exc)
             served[2] = status
-            await _error(send, call.api, status, str(exc), retry)
+            await asgi.error(send, call.api, status, str(exc), retry)
 
-    # -- the rest ------------------------------------------------------------------------
 
-    def _models(self) -> dict[str, Any]:
-        """The names a client may ask for: the fallback chains first (what a person picking a
-        model wants: an answer that survives), then the single models, each in the config's
-        order."""
-        models = self.config.models
-        names = sorted(models, key=lambda name: len(models[name]) < 2)
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "streamres"}
-                for name in names
-            ],
-        }
-
-    def health(self) -> dict[str, Any]:
-        """Every model's health, with its reasons and the figures behind them."""
-        models = {}
-        for name, m in self.client.fleet_metrics().items():
-            models[name] = {
-                "model": m.model,
-                "status": m.health.status,
-                "reasons": list(m.health.reasons),
-                "breaker": m.breaker,
-                "weight": round(m.weight, 3),
-                "requests": m.requests,
-                "success_rate": m.success_rate,
-                "capacity_errors": m.capacity_errors,
-                "stalls": m.stalls,
-                # Attempts that failed on the proxy's side (its loop too busy), not the model's.
-                "client_side_failures": m.client_side_failures,
-                "resumes": m.resumes,
-                "in_flight": m.in_flight,
-                "ttft_p50": m.ttft_p50,
-                "latency_p95": m.latency_p95,
-                "trend_share": round(m.trend_share, 3),
-                "trend": [
-                    {
-                        "ago": p.ago,
-                        "requests": p.requests,
-                        "success_rate": p.success_rate,
-                        "capacity_error_rate": p.capacity_error_rate,
-                        "ttft_p50": p.ttft_p50,
-                    }
-                    for p in m.trend
-                ],
-                "breaker_changes": [{"ago": ago, "state": st} for ago, st in m.breaker_changes],
-            }
-        shared = self.client.shared_status()
-        return {
-            "models": models,
-            "aliases": self.config.models,
-            # Shared state (``--redis``): where, and whether this proxy reaches it now.
-            "shared": None
-            if shared is None
-            else {
-                "url": shared.url,
-                "connected": shared.connected,
-                "local_fallbacks": shared.local_fallbacks,
-            },
-            "time": time.time(),
-        }
-
-    async def _health_stream(self, receive: Receive, send: Send) -> None:
-        await _start(send, 200, "text/event-stream")
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
-            while True:
-                data = json.dumps(self.health()).encode()
-                await _piece(send, b"data: " + data + b"\n\n")
-                await anyio.sleep(1.0)
-
-    async def _prometheus(self, send: Send) -> None:
-        try:
-            from prometheus_client import CollectorRegistry, generate_latest
-        except ImportError:
-            message = "/metrics needs prometheus-client, which is not installed: " + (
-                install_hint("prometheus_client")
-            )
-            await _json(send, 501, {"error": {"message": message}})
-            return
-        if self._metrics is None:
-            from streamres.prometheus import register
-
-            self._metrics = CollectorRegistry()
-            register(self.client, self._metrics, fleet=True)  # any worker may be scraped
-        body = generate_latest(self._metrics)
-        await _respond(send, 200, body, "text/plain; version=0.0.4; charset=utf-8")
+async def _upstream_count(url: str, headers: dict[str, str], body: dict[str, Any]) -> int | None:
+    """The route's own count (``None``: it gave none, and the proxy counts)."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=True) as http:
+            response = await http.post(url, headers=headers, json=body)
+        tokens = response.json().get("input_tokens") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return tokens if type(tokens) is int and tokens >= 0 else None
 
 
 def _api_of(answer_id: str) -> API:
@@ -713,86 +684,3 @@ def _status_of(exc: streamres.StreamError) -> tuple[int, float | None]:
 _UPSTREAM_FAULTS = frozenset(
     {"transient", "connection", "stall", "truncated", "malformed", "ended_at_seam", "slow"}
 )
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
-async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
-
-
-async def _body(receive: Receive, limits: ServerLimits) -> bytes:
-    """The request body, within ``limits.body_bytes`` and ``limits.body_timeout``."""
-    parts: list[bytes] = []
-    size = 0
-    with anyio.move_on_after(limits.body_timeout):
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise Refused(400, "the client went away before sending its request")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limits.body_bytes:
-                raise Refused(413, f"the request body is over {limits.body_bytes} bytes")
-            parts.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(parts)
-    raise Refused(408, f"the request body took over {limits.body_timeout:g} s to arrive")
-
-
-async def _start(
-    send: Send, status: int, content_type: str, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    headers = [(b"content-type", content_type.encode())]
-    if content_type == "text/event-stream":
-        headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-    await send(
-        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
-    )
-
-
-async def _respond(
-    send: Send,
-    status: int,
-    body: bytes,
-    content_type: str,
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    await _start(send, status, content_type, extra)
-    await _piece(send, body, more=False)
-
-
-async def _piece(send: Send, data: bytes, *, more: bool = True) -> None:
-    """A piece of the response body (``more=False``: the last, which ends it)."""
-    await send({"type": "http.response.body", "body": data, "more_body": more})
-
-
-async def _json(send: Send, status: int, obj: Any) -> None:
-    await _respond(send, status, json.dumps(obj).encode(), "application/json")
-
-
-async def _error(
-    send: Send,
-    api: API,
-    status: int,
-    message: str,
-    retry_after: float | None,
-    code: str | None = None,
-) -> None:
-    extra = []
-    if retry_after is not None:
-        extra.append((b"retry-after", str(max(1, round(retry_after))).encode()))
-    body = error_body(api, status, message, code)
-    await _respond(send, status, body, "application/json", extra)
