@@ -112,10 +112,10 @@ def hosts(tool: Any) -> frozenset[str] | None:
         return None
     if kind == "custom":
         return frozenset({"openai", "openai-responses"})
+    if _ANTHROPIC_HOSTED.match(kind):  # first: web_search_20250305 is Anthropic's
+        return frozenset({"anthropic"})
     if _RESPONSES_HOSTED.match(kind):
         return frozenset({"openai-responses"})
-    if _ANTHROPIC_HOSTED.match(kind):
-        return frozenset({"anthropic"})
     return None
 
 

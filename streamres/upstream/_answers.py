@@ -370,7 +370,10 @@ def _asks_for_tools(body: dict[str, Any], answered: list[dict[str, Any]]) -> boo
     """A tool is called when tools are offered, the caller allows it, and the turn answered is
     the user's question: after a tool's result the model answers in text, so an agent loop
     ends."""
-    return _allows_tools(body) and not (answered and _is_tool_turn(answered[-1]))
+    turns = list(answered)
+    while turns and turns[-1].get("role") in ("system", "developer"):
+        turns.pop()  # a reminder after the results (Claude Code's) is not the user asking
+    return _allows_tools(body) and not (turns and _is_tool_turn(turns[-1]))
 
 
 def _last_round(answered: list[dict[str, Any]]) -> list[tuple[str, str]]:

@@ -32,6 +32,7 @@ from ._answers import (
     ToolsOnContinue,
     answer_for,
     plan_reply,
+    split_tokens,
 )
 from ._bodies import (
     SEND_BATCH,
@@ -356,6 +357,17 @@ class Upstream:
                 for p in req.target.decode("latin-1").partition("?")[2].split("&")
             )
             await self._replay(conn, stream, path, headers, path.rsplit("/", 1)[1], query)
+            return
+        if path.endswith(("/messages/count_tokens", "/responses/input_tokens")):
+            # The APIs' token counts: the request's words and marks, as this model splits them.
+            model = str(body.get("model", ""))
+            self.requests.append(RecordedRequest(path, headers, body, model, ""))
+            texts = input_messages(body.get("input")) if "input" in body else body.get("messages")
+            words = json.dumps([texts, body.get("system"), body.get("tools")], ensure_ascii=False)
+            count: dict[str, Any] = {"input_tokens": len(split_tokens(words))}
+            if path.endswith("/input_tokens"):
+                count = {"object": "response.input_tokens", **count}
+            await send_simple(conn, stream, 200, json.dumps(count).encode())
             return
         if path.endswith("/chat/completions"):
             provider = "openai"
