@@ -65,6 +65,7 @@ _HOSTED = "a hosted tool's option: the route's API runs no such tool (the proxy'
 _CACHE = "a caching hint of another API's; this API caches on its own terms"
 _TIER = "service tiers are named per API"
 _MEDIA = "this API answers in text"
+_TOOLS = "its shape (functions; a hosted tool only where the API runs it)"
 
 #: Chat Completions' fields: their fate on a Messages route and on a Responses route.
 CHAT: dict[str, dict[Provider, Fate]] = {
@@ -76,8 +77,8 @@ CHAT: dict[str, dict[Provider, Fate]] = {
     "max_completion_tokens": {"anthropic": READ, "openai-responses": READ},
     "temperature": {"anthropic": SAME, "openai-responses": SAME},
     "top_p": {"anthropic": SAME, "openai-responses": SAME},
-    "tools": {"anthropic": to("tools"), "openai-responses": to("tools")},
-    "tool_choice": {"anthropic": to("tool_choice"), "openai-responses": to("tool_choice")},
+    "tools": {"anthropic": to(_TOOLS), "openai-responses": to(_TOOLS)},
+    "tool_choice": {"anthropic": to("its shape"), "openai-responses": to("its shape")},
     "parallel_tool_calls": {
         "anthropic": to("tool_choice.disable_parallel_tool_use"),
         "openai-responses": SAME,
@@ -169,8 +170,8 @@ MESSAGES: dict[str, dict[Provider, Fate]] = {
         "openai": Fate("same", "llama.cpp, vLLM and SGLang take it; OpenAI itself does not"),
         "openai-responses": no("the Responses API has no top_k"),
     },
-    "tools": {"openai": to("tools"), "openai-responses": to("tools")},
-    "tool_choice": {"openai": to("tool_choice"), "openai-responses": to("tool_choice")},
+    "tools": {"openai": to(_TOOLS), "openai-responses": to(_TOOLS)},
+    "tool_choice": {"openai": to("its shape"), "openai-responses": to("its shape")},
     "stop_sequences": {
         "openai": to("stop"),
         "openai-responses": no("the Responses API has no stop sequences"),
@@ -220,8 +221,8 @@ RESPONSES: dict[str, dict[Provider, Fate]] = {
     },
     "temperature": {"openai": SAME, "anthropic": SAME},
     "top_p": {"openai": SAME, "anthropic": SAME},
-    "tools": {"openai": to("tools"), "anthropic": to("tools")},
-    "tool_choice": {"openai": to("tool_choice"), "anthropic": to("tool_choice")},
+    "tools": {"openai": to(_TOOLS), "anthropic": to(_TOOLS)},
+    "tool_choice": {"openai": to("its shape"), "anthropic": to("its shape")},
     "parallel_tool_calls": {
         "openai": SAME,
         "anthropic": to("tool_choice.disable_parallel_tool_use"),
@@ -312,15 +313,22 @@ def fate(name: str, provider: str) -> Fate | None:
 def markdown() -> str:
     """The three tables as the documentation shows them."""
     lines: list[str] = []
-    marks = {"same": "as is", "read": "read"}
     for api in APIS:
         others = [o for o in APIS if o != api]
+        table = _TABLES[api]
+        read = [f"`{name}`" for name, fates in table.items() if fates[others[0]].kind == "read"]
         lines += [
-            f"**{_NAMES[api]}** fields | on a {_NAMES[others[0]]} route | "
+            f"**{_NAMES[api]}.** Read by streamres itself and sent in each API's own name: "
+            + ", ".join(read)
+            + ".",
+            "",
+            f"{_NAMES[api]} field | on a {_NAMES[others[0]]} route | "
             f"on a {_NAMES[others[1]]} route",
             "|".join(["---"] * 3),
         ]
-        for name, fates in _TABLES[api].items():
+        for name, fates in table.items():
+            if fates[others[0]].kind == "read":
+                continue
             cells = []
             for other in others:
                 f = fates.get(other, SAME)
@@ -331,7 +339,7 @@ def markdown() -> str:
                 elif f.kind == "no":
                     cells.append(f"refused: {f.text}")
                 else:
-                    cells.append(marks[f.kind] + (f" ({f.text})" if f.text else ""))
+                    cells.append("as is" + (f" ({f.text})" if f.text else ""))
             lines.append(f"`{name}` | " + " | ".join(cells))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -228,10 +228,10 @@ def _anthropic_body(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_field_tables_are_whole_and_in_the_docs() -> None:
-    """Each table names only the other APIs; the proxy's documentation carries them as
-    rendered from the code."""
+    """Each table names only the other APIs; the documentation (docs/agents.md) carries them
+    as rendered from the code."""
     fields.check()
-    docs = (pathlib.Path(__file__).parents[2] / "docs" / "proxy.md").read_text(encoding="utf-8")
+    docs = (pathlib.Path(__file__).parents[2] / "docs" / "agents.md").read_text(encoding="utf-8")
     assert fields.markdown() in docs
 
 
