@@ -87,6 +87,12 @@ def _job(obj: Any, n: int) -> Job:
         body = obj["body"]
         if not isinstance(body, dict):
             raise ValueError("body must be a JSON object (the request's body)")
+        if "custom_id" not in obj:
+            # OpenAI refuses an output file whose lines carry ids the input did not give.
+            raise ValueError(
+                "an OpenAI batch line needs its custom_id: the output file names each answer "
+                "by it"
+            )
         shape = "openai"
     else:
         body = {k: v for k, v in obj.items() if k not in ("id", "custom_id")}

@@ -140,10 +140,15 @@ async def test_five_turns_with_a_tool_round_across_providers_through_a_storm() -
 
         got = await sdk.responses.retrieve(r4.id)
         assert got.id == r4.id and got.output_text == r4.output_text
-        items = await sdk.responses.input_items.list(r4.id)
-        assert [(i.type, i.call_id) for i in items.data] == [
+        # every item the response was made from: the earlier turns' inputs and outputs too
+        items = (await sdk.responses.input_items.list(r4.id, order="asc", limit=100)).data
+        assert [(i.type, i.call_id) for i in items[-len(calls) :]] == [
             ("function_call_output", c.call_id) for c in calls
         ]
+        assert items[0].type == "message" and items[0].role == "user"
+        assert items[0].content[0].text == "My name is Ada. Say hello."
+        assert [i.id for i in items if i.type == "function_call"] == [c.id for c in calls]
+        assert sum(1 for i in items if i.type == "message" and i.role == "assistant") >= 2
         first = await sdk.responses.input_items.list(r1.id)
         assert first.data[0].type == "message" and first.data[0].role == "user"
         async with httpx.AsyncClient(timeout=30) as http:  # as the specification says
@@ -270,8 +275,12 @@ async def test_a_conversation_goes_on_at_another_replica_after_a_kill(
                 ]
                 kept = await on_b.responses.retrieve(r2.id)
                 assert kept.output_text == r2.output_text
-                items = await on_b.responses.input_items.list(r2.id)
-                assert [i.content[0].text for i in items.data] == ["And green."]
+                items = await on_b.responses.input_items.list(r2.id, order="asc")
+                assert [i.content[0].text for i in items.data] == [
+                    "Remember: blue.",
+                    r1.output_text,
+                    "And green.",
+                ]
         finally:
             for p in (a, b):
                 if p.returncode is None:

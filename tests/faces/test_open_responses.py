@@ -120,10 +120,12 @@ async def test_response_objects_and_events_are_as_specified() -> None:
             assert kept.json()["status"] == "completed" and kept.json()["background"] is True
 
 
-async def test_tools_are_echoed_and_their_calls_are_as_specified() -> None:
-    """A function tool offered: echoed as given, and the call's items and argument events
-    validate."""
-    tool = WEATHER_TOOL
+@pytest.mark.parametrize("strict", [False, None])
+async def test_tools_are_echoed_and_their_calls_are_as_specified(strict: bool | None) -> None:
+    """A function tool offered: echoed as given — with ``strict`` always, ``null`` when the
+    request did not say (the specification requires the key) — and the call's items and
+    argument events validate."""
+    tool = {k: v for k, v in WEATHER_TOOL.items() if k != "strict" or strict is not None}
     async with Upstream(words=20) as up:
         config = parse({"routes": [{"name": "m", "model": "m", "base_url": up.openai_url}]}, {})
         async with running(config, port=0) as run, httpx.AsyncClient(timeout=30) as http:
@@ -135,7 +137,7 @@ async def test_tools_are_echoed_and_their_calls_are_as_specified() -> None:
             }
             r = await http.post(run.url + "/v1/responses", json=body)
             lifecycle = _check_stream(r.text)
-            assert lifecycle[-1]["tools"] == [tool]
+            assert lifecycle[-1]["tools"] == [{**tool, "strict": strict}]
             kinds = {kind for kind, _ in _events(r.text)}
             assert "response.function_call_arguments.done" in kinds
 

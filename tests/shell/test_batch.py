@@ -56,6 +56,14 @@ def test_request_lines_in_both_shapes_and_bad_ones_with_their_numbers() -> None:
         ),
         json.dumps({"custom_id": "emb", "url": "/v1/embeddings", "body": {"input": "x"}}),
         json.dumps({"id": True, "prompt": "x"}),
+        # an OpenAI line without its custom_id: refused, never answered under an invented id
+        json.dumps(
+            {
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "x"}]},
+            }
+        ),
     ]
     jobs, bad = parse_jobs(lines)
     assert [(j.id, j.line, j.model, j.params) for j in jobs] == [
@@ -71,6 +79,7 @@ def test_request_lines_in_both_shapes_and_bad_ones_with_their_numbers() -> None:
         (7, 'needs "messages" (a non-empty list) or "prompt" (a string)'),
         (9, "url '/v1/embeddings'"),
         (10, "id must be a non-empty string or an integer, not True"),
+        (11, "an OpenAI batch line needs its custom_id"),
     ]
     assert [b.line for b in bad] == [n for n, _ in expected]
     assert all(b.message.startswith(m) for b, (_, m) in zip(bad, expected, strict=True)), bad

@@ -97,6 +97,10 @@ class Conversations:
             )
         head = call.head
         call.messages = call.messages[:head] + stored.conversation + call.messages[head:]
+        # Its input items: every item the response is made from, the earlier turns' inputs
+        # and outputs first (as the API lists them, and as Llama Stack keeps them).
+        earlier = [i for i in stored.response.get("output") or () if isinstance(i, dict)]
+        call.items = [*stored.input, *earlier, *call.items]
 
     async def serve(
         self, verb: str, response_id: str, owner: str | None, query: dict[str, str]

@@ -156,7 +156,7 @@ class Writer:
             "instructions": call.instructions,
             "output": list(self._items),
             "error": None,
-            "tools": list(asked.get("tools") or []),
+            "tools": [_echoed(t) for t in asked.get("tools") or ()],
             "tool_choice": asked.get("tool_choice", "auto"),
             "truncation": asked.get("truncation", "disabled"),
             "parallel_tool_calls": asked.get("parallel_tool_calls", True),
@@ -590,6 +590,14 @@ class Writer:
         if status == "incomplete":
             extra["incomplete_details"] = {"reason": "max_output_tokens"}
         return _dump(self._response(status, **extra))
+
+
+def _echoed(tool: Any) -> Any:
+    """A tool as a response echoes it: a function tool always with ``strict`` (the
+    specification requires the key; ``null`` when the request did not say)."""
+    if isinstance(tool, dict) and tool.get("type") == "function" and "strict" not in tool:
+        return {**tool, "strict": None}
+    return tool
 
 
 def _namespaced(tools: Any) -> dict[str, tuple[str, str]]:
