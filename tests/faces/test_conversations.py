@@ -390,3 +390,47 @@ def test_input_items_page_as_the_api_pages_them() -> None:
     for bad in ({"limit": "0"}, {"limit": "101"}, {"order": "up"}, {"after": "msg_9"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             page(items, bad)
+
+
+@pytest.mark.parametrize("peeked", [False, True], ids=["alone", "after-another-keys-read"])
+async def test_a_delete_on_one_replica_is_a_delete_on_every_replica(
+    redis_server: Any, peeked: bool
+) -> None:
+    """A response made on replica one and deleted on replica two is gone on both: read,
+    continued, its items — 404 everywhere, as for an id that never was; also when another key's
+    refused read on replica two came first (it must not leave a copy there). Another response
+    of the same key is untouched."""
+    clients = [{"name": "a", "key_env": "A_KEY"}, {"name": "b", "key_env": "B_KEY"}]
+    config = _config_for(clients)
+    async with Upstream(words=10) as up:
+        cfg = config(up)
+        async with (
+            running(cfg, port=0, redis=redis_server.url) as one,
+            running(cfg, port=0, redis=redis_server.url) as two,
+            AsyncOpenAI(base_url=one.url + "/v1", api_key="key-a", max_retries=0) as a1,
+            AsyncOpenAI(base_url=two.url + "/v1", api_key="key-a", max_retries=0) as a2,
+            AsyncOpenAI(base_url=two.url + "/v1", api_key="key-b", max_retries=0) as b2,
+        ):
+            made = await a1.responses.create(model="chat", input="A secret: 42.")
+            other = await a1.responses.create(model="chat", input="Another.")
+            assert (await a2.responses.retrieve(made.id)).id == made.id  # shared
+            if peeked:
+                with pytest.raises(openai.NotFoundError):
+                    await b2.responses.retrieve(made.id)
+            await a2.responses.delete(made.id)
+            for client in (a1, a2):
+                for attempt in (
+                    client.responses.retrieve(made.id),
+                    client.responses.input_items.list(made.id),
+                    client.responses.create(
+                        model="chat", input="Go on.", previous_response_id=made.id
+                    ),
+                ):
+                    with pytest.raises(openai.NotFoundError):
+                        await attempt
+            for client in (a1, a2):
+                assert (await client.responses.retrieve(other.id)).id == other.id
+
+
+def _config_for(clients: list[dict[str, str]]) -> Any:
+    return lambda up: _config(up, clients=clients)

@@ -10,7 +10,15 @@ import anyio
 
 from streamres.proxy.answers.answer import Held
 from streamres.proxy.answers.held import Answers
-from streamres.proxy.answers.stored import Away, ResponseStore, Stored, page, stored_of
+from streamres.proxy.answers.stored import (
+    DELETED,
+    Away,
+    Deleted,
+    ResponseStore,
+    Stored,
+    page,
+    stored_of,
+)
 from streamres.proxy.faces.inbound import Call
 from streamres.proxy.faces.refusal import Refused
 
@@ -46,22 +54,30 @@ class Conversations:
 
     async def _stored(
         self, response_id: str, owner: str | None, held: Held | None
-    ) -> Stored | None:
+    ) -> Stored | Deleted | None:
         """The stored record; with Redis away, ``None`` when ``held`` (this process's) can
-        answer instead, else a 503."""
+        answer instead, else a 503. A response deleted (on any replica) is no longer held
+        here either."""
         try:
-            return await self.store.get(response_id, owner)
+            stored = await self.store.get(response_id, owner)
         except Away:
             if held is None:
                 raise Refused(503, _AWAY, 2.0) from None
             return None
+        if stored is DELETED:
+            gone = self.answers.find(response_id, owner)
+            if gone is not None:
+                self.answers.drop(gone)
+        return stored
 
     async def _find(self, response_id: str, owner: str | None) -> Stored | None:
         """The stored response, or the record of an ended answer still held (stored a moment
         from now, or held by a replica that went before it stored it)."""
         stored = await self._stored(response_id, owner, self.answers.find(response_id, owner))
-        if stored is not None:
+        if isinstance(stored, Stored):
             return stored
+        if stored is DELETED:
+            return None
         held = await self._held(response_id, owner)
         shared = self.answers.shared
         if held is None and shared is not None and await shared.unsure():
@@ -114,7 +130,10 @@ class Conversations:
             held = self.answers.find(response_id, owner)
             if held is not None and not held.log.ended:
                 return None  # read or cancelled as it runs
-        stored = await self._stored(response_id, owner, held)
+        found = await self._stored(response_id, owner, held)
+        if found is DELETED:
+            return None  # no longer held either: the 404 of an id that never was
+        stored = found if isinstance(found, Stored) else None
         if verb == "delete":
             if stored is None and held is None:
                 return None  # the held answers' 404

@@ -20,6 +20,12 @@ again (:meth:`ResponseStore.rewrite`), and meanwhile (while answers settle) a re
 found is a "try again" too. An answer that
 ended a moment ago is still held (:mod:`.held`), and is found there before it is stored.
 ``store: false`` keeps nothing here: the answer is held for its readers, then forgotten.
+
+With shared state, Redis is the truth: every lookup asks it (one round trip), memory only
+spares the decoding. A delete leaves a tombstone in the response's key for ``keep`` seconds,
+so a replica that still holds the response (stored, or its answer held) learns on its next
+lookup that it is gone (:data:`DELETED`), and forgets it. A record read from Redis is kept in
+memory only for its owner. With Redis away, a replica serves only what it stored itself.
 """
 
 from __future__ import annotations
@@ -35,7 +41,17 @@ from typing import Any
 from streamres.proxy.config import StoreLimits
 from streamres.proxy.faces.inbound import Call, responses_messages
 
-__all__ = ["Away", "ResponseStore", "Stored", "page", "stored_of"]
+__all__ = ["DELETED", "Away", "Deleted", "ResponseStore", "Stored", "page", "stored_of"]
+
+#: What a deleted response's key holds until its time would have run out.
+_TOMBSTONE = "deleted"
+
+
+class Deleted:
+    """A response its owner deleted (on any replica)."""
+
+
+DELETED = Deleted()
 
 
 class Away(Exception):
@@ -116,6 +132,8 @@ class ResponseStore:
         self._memory: collections.OrderedDict[str, tuple[Stored, int]] = collections.OrderedDict()
         #: Bytes of the records in memory (their JSON).
         self.bytes = 0
+        #: The records this process stored itself (served from memory while Redis is away).
+        self._mine: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._memory)
@@ -148,6 +166,7 @@ class ResponseStore:
 
     def _forget(self, response_id: str) -> None:
         found = self._memory.pop(response_id, None)
+        self._mine.discard(response_id)
         if found is not None:
             self.bytes -= found[1]
 
@@ -155,6 +174,7 @@ class ResponseStore:
         """Keep ``stored`` (in Redis too when shared: if Redis is away, in memory only)."""
         data = stored.dumps()
         self._remember(stored, len(data.encode()))
+        self._mine.add(stored.id)
         await self._write(stored.id, data, max(1, int(self.limits.keep)))
 
     async def _write(self, response_id: str, data: str, seconds: int) -> None:
@@ -172,16 +192,26 @@ class ResponseStore:
             if left >= 1:
                 await self._write(stored.id, stored.dumps(), left)
 
-    async def get(self, response_id: str, owner: str | None) -> Stored | None:
-        """The stored response of that id, if ``owner``'s and kept; :class:`Away` when it may
-        exist but Redis does not answer."""
+    async def get(self, response_id: str, owner: str | None) -> Stored | Deleted | None:
+        """The stored response of that id, if ``owner``'s and kept; :data:`DELETED` when its
+        owner deleted it; :class:`Away` when it may exist but Redis does not answer."""
         found = self._memory.get(response_id)
         stored = found[0] if found is not None else None
-        if stored is None:
+        try:
             got = await self._redis(lambda redis, key: redis.get(key), response_id)
-            if got is not None and got[0] is not None:
-                stored = Stored.loads(got[0])
-                self._remember(stored, len(got[0].encode()))
+        except Away:
+            if stored is None or response_id not in self._mine:
+                raise  # not this process's to vouch for
+            got = None
+        if got is not None:
+            raw = got[0]
+            if raw == _TOMBSTONE:
+                self._forget(response_id)
+                return DELETED if stored is None or stored.owner == owner else None
+            if raw is not None and stored is None:
+                stored = Stored.loads(raw)
+                if stored.owner == owner:  # read into memory only for its owner
+                    self._remember(stored, len(raw.encode()))
         if stored is None or stored.owner != owner:
             return None
         if self.clock() - stored.at > self.limits.keep:
@@ -190,9 +220,11 @@ class ResponseStore:
         return stored
 
     async def delete(self, response_id: str, owner: str | None) -> bool:
-        """Delete the stored response (``False``: ``owner`` has no such response)."""
-        if await self.get(response_id, owner) is None:
+        """Delete the stored response (``False``: ``owner`` has no such response): gone from
+        memory, and its key in Redis a tombstone every replica reads."""
+        if not isinstance(await self.get(response_id, owner), Stored):
             return False
         self._forget(response_id)
-        await self._redis(lambda redis, key: redis.delete([key]), response_id)
+        seconds = max(1, int(self.limits.keep))
+        await self._redis(lambda redis, key: redis.set(key, _TOMBSTONE, ex=seconds), response_id)
         return True
