@@ -90,8 +90,7 @@ def _job(obj: Any, n: int) -> Job:
         if "custom_id" not in obj:
             # OpenAI refuses an output file whose lines carry ids the input did not give.
             raise ValueError(
-                "an OpenAI batch line needs its custom_id: the output file names each answer "
-                "by it"
+                "an OpenAI batch line needs its custom_id: the output file names each answer by it"
             )
         shape = "openai"
     else:

@@ -34,7 +34,9 @@ async def test_a_trickle_below_the_absolute_floor_moves_on() -> None:
 async def test_a_model_slower_than_its_own_pace_moves_on() -> None:
     """The model's pace is learnt from its answers; when it then streams at a small share of
     it, the relative floor moves the answer on."""
-    spec = ModelSpec(token_delay=0.004)
+    # 0.006 s a token: an answer streams for ~0.7 s, past the half second an attempt must
+    # stream for its pace to be learnt, on a fast machine too (0.004 s came in just under).
+    spec = ModelSpec(token_delay=0.006)
     async with Upstream(models={"slow": spec}) as up:
         floor = streamres.PaceFloor(relative=0.25, window=1.0)
         async with streamres.Client(_routes(up), pace_floor=floor) as client:

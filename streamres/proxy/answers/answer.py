@@ -3,6 +3,8 @@ and go, and what its producer and the answer store keep about it (:mod:`.held` h
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,8 +17,25 @@ from streamres.proxy.faces.outbound import Writer, answer_usage, responses_usage
 
 __all__ = ["EVENT_BYTES", "Full", "Held", "Ledger", "Status"]
 
-#: An event's memory besides its encoding (a text event and its block's record, measured).
+#: An event's memory besides its encoding and its text (the event object, its place in the
+#: log, its block's record; measured with tracemalloc).
 EVENT_BYTES = 200
+
+
+def _text_bytes(ev: streamres.Event, api: str) -> int:
+    """The memory of the text an event holds: its strings as Python keeps them (1, 2 or 4
+    bytes a character, by the widest), twice for a Responses answer, whose writer keeps its
+    output text too."""
+    if ev.type in ("text", "thinking"):
+        n = sys.getsizeof(ev.text)
+    elif ev.type == "tool_call":
+        n = sys.getsizeof(ev.arguments) + sys.getsizeof(ev.name)
+    elif ev.type == "done":
+        n = sys.getsizeof(ev.text) + sys.getsizeof(ev.thinking)
+        n += sum(sys.getsizeof(c.arguments) for c in ev.tool_calls)
+    else:
+        return 0
+    return 2 * n if api == "responses" else n
 
 
 class Full(Exception):
@@ -31,14 +50,19 @@ class Full(Exception):
 @dataclass
 class Ledger:
     """The bytes held answers weigh, in all and by client key, counted as they grow: making
-    room costs nothing while there is room."""
+    room costs nothing while there is room. Past ``limit`` as an answer grows, ``over`` is
+    told (the store makes room: answers in flight grow past what was free when they began)."""
 
     total: int = 0
     by_owner: dict[str | None, int] = field(default_factory=dict)
+    limit: int | None = None
+    over: Callable[[str | None], None] | None = None
 
     def add(self, owner: str | None, n: int) -> None:
         self.total += n
         self.by_owner[owner] = self.by_owner.get(owner, 0) + n
+        if n > 0 and self.limit is not None and self.total > self.limit and self.over:
+            self.over(owner)
 
 
 Status = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
@@ -65,6 +89,8 @@ class Held:
     #: number of the event before it, so it is replayed after that one.
     blocks: list[tuple[int, bool, bytes]] = field(default_factory=list)
     size: int = 0
+    #: What its events weigh besides their encoding (``weight``).
+    events_bytes: int = 0
     #: Its response head may be sent: the first content came (status events wait before it).
     started: bool = False
     pending: list[streamres.Event] = field(default_factory=list)
@@ -128,9 +154,9 @@ class Held:
 
     @property
     def weight(self) -> int:
-        """Bytes it holds in memory, as estimated: its encoded events and, for each, the event
-        itself (measured: about 200 bytes an event besides its encoding)."""
-        return self.size + EVENT_BYTES * len(self.log.events)
+        """Bytes it holds in memory: its encoded events, and the events themselves — their
+        text as Python keeps it, and about 200 bytes an event besides."""
+        return self.size + self.events_bytes
 
     @property
     def last_number(self) -> int:
@@ -194,8 +220,10 @@ class Held:
 
     def _logged(self, ev: streamres.Event) -> None:
         self.log.append(ev)
+        held = EVENT_BYTES + _text_bytes(ev, self.call.api)
+        self.events_bytes += held
         if self.ledger is not None:
-            self.ledger.add(self.owner, EVENT_BYTES)
+            self.ledger.add(self.owner, held)
 
     def add(self, ev: streamres.Event) -> None:
         """An event of the answer: encoded, kept, logged (which wakes the readers)."""

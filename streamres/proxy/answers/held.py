@@ -30,7 +30,7 @@ key's never before ``keep``), and so are one answer's readers (``max_readers``).
 running takes one of its key's slots until it stops running (ends or is parked).
 
 With shared state (``--redis``) each answer is also written to Redis, where any process reads
-it and adopts it when its writer is gone (:mod:`.shared_answers` tells how).
+it and adopts it when its writer is gone (:mod:`.shared` tells how).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import collections
 import contextlib
 import json
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -96,7 +97,7 @@ class Answers:
         self.tasks: TaskGroup | None = None
         self._held: collections.OrderedDict[str, Held] = collections.OrderedDict()
         #: What the held answers weigh (``Held.weight``), counted as they grow.
-        self._ledger = Ledger()
+        self._ledger = Ledger(limit=limits.max_bytes, over=self._grown)
         self._producing = 0
         self._idle: anyio.Event | None = None
         #: The answers' keys in Redis, when the client shares state (``--redis``).
@@ -236,7 +237,9 @@ class Answers:
                 if self.limits.hold <= 0 or self.tasks is None:
                     self._park(held)
                 else:
-                    self.tasks.start_soon(self._linger, held, held._lingers)
+                    # By a weak reference: an answer that ends and is pushed out meanwhile is
+                    # not kept alive by its timer (its memory goes when the store lets it go).
+                    self.tasks.start_soon(self._linger, weakref.ref(held), held._lingers)
 
     async def follow(self, held: Held, after: int = -1) -> AsyncIterator[tuple[bytes, bool]]:
         """The answer's events after number ``after``, then each new one, to its end: each
@@ -340,9 +343,10 @@ class Answers:
         if held._scope is not None:
             held._scope.cancel()
 
-    async def _linger(self, held: Held, turn: int) -> None:
+    async def _linger(self, ref: weakref.ref[Held], turn: int) -> None:
         await anyio.sleep(self.limits.hold)
-        if held.readers == 0 and held._lingers == turn and held.producing:
+        held = ref()
+        if held is not None and held.readers == 0 and held._lingers == turn and held.producing:
             self._park(held)
 
     async def _unpark(self, held: Held) -> None:
@@ -711,7 +715,7 @@ class Answers:
             self._keep(held, whole=not taken.taken)
             if not held.call.background and not held.read_anywhere():
                 held._lingers += 1  # its reader went meanwhile: its hold, as for any answer
-                self.tasks.start_soon(self._linger, held, held._lingers)
+                self.tasks.start_soon(self._linger, weakref.ref(held), held._lingers)
             await self._produce(held)
             return
         if held.log.ended:
@@ -773,6 +777,11 @@ class Answers:
             )
         if full():
             raise Full(503, "the proxy holds all the answers it can now; try again shortly")
+
+    def _grown(self, owner: str | None) -> None:
+        """An answer grew past the bound: room made as for a new one (what stopped running
+        goes first), so what is held stays near ``max_bytes`` as answers in flight grow."""
+        self._make_room(owner, refuse=False)
 
     def sweep(self, now: float | None = None) -> None:
         """Forget what ended (or was parked) over ``keep`` seconds ago and has no reader."""

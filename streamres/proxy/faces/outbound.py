@@ -264,7 +264,8 @@ class Writer:
         )
 
     def text(self, text: str) -> bytes:
-        self._text.append(text)
+        if self.api == "responses":  # its text item is written whole when it closes
+            self._text.append(text)
         if self.api == "openai":
             return self._chunk({"content": text})
         if self.api == "anthropic":
