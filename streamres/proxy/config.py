@@ -206,9 +206,14 @@ class HoldLimits:
     #: new answer that still does not fit is refused (the key's: 429; the proxy's: 503).
     max_bytes: int = 512 * 2**20
     max_bytes_per_key: int = 128 * 2**20
+    #: Seconds a request to read an answer again waits while shared state cannot say whether
+    #: it exists (Redis away, or just back and being written again): then it streams the
+    #: rest, or, past the wait, 503 with Retry-After. A browser's ``EventSource`` gives up on
+    #: any status but 200, so a reload during a Redis restart waits rather than fails.
+    resume_wait: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("hold", "keep"):
+        for name in ("hold", "keep", "resume_wait"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"answers.{name} must be a number of seconds >= 0, not {value!r}")

@@ -44,7 +44,7 @@ _READ: dict[str, frozenset[str]] = {
 
 #: Fields that name state kept on one server: an answer that falls back or resumes elsewhere
 #: could not honour them, so they are refused (the Responses API's ``previous_response_id``
-#: is the proxy's own: it keeps the responses, :mod:`.stored`).
+#: is the proxy's own: it keeps the responses, :mod:`streamres.proxy.answers.stored`).
 _STATEFUL = {
     "previous_response_id": "send the whole conversation instead",
     "conversation": "send the whole conversation as input instead",

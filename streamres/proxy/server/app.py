@@ -32,7 +32,7 @@ hold`` seconds; then the upstream is closed and the partial kept, to be continue
 comes back within ``keep``. Answers that are not streamed (and not ``background``) are produced
 inside their request, as before: a client that goes closes the upstream at once. Responses API
 answers are stored when they end, to be continued (``previous_response_id``), read and deleted
-(:mod:`.conversations`, :mod:`.stored`).
+(:mod:`streamres.proxy.answers.conversations`, :mod:`streamres.proxy.answers.stored`).
 """
 
 from __future__ import annotations
@@ -458,16 +458,10 @@ class Proxy:
         if kept is not None:
             await asgi.json_response(send, *kept)
             return
-        held = self.answers.find(answer_id, owner) or await self.answers.find_shared(
-            answer_id, owner
-        )
-        shared = self.answers.shared
-        if held is None and shared is not None and await shared.unsure():
-            message = (
-                "this answer cannot be looked up now: shared state is away, or has just come "
-                "back and the proxies holding answers are writing them again — try again"
-            )
-            await asgi.error(send, api, 503, message, 2.0)
+        try:
+            held = await self._look_up(answer_id, owner)
+        except Refused as exc:
+            await asgi.error(send, api, exc.status, exc.message, exc.retry_after)
             return
         if (
             held is None
@@ -525,6 +519,32 @@ class Proxy:
         # A browser's EventSource sends Last-Event-ID, and comes again after a 200 that ends.
         at_end = 204 if "last-event-id" in headers and not responses else 200
         await self._read(held, after, receive, send, served, at_end)
+
+    async def _look_up(self, answer_id: str, owner: str | None) -> Held | None:
+        """The answer, here or in shared state. While shared state cannot say whether it
+        exists (away, or back and being written again), the request waits for it — up to
+        ``[answers] resume_wait`` seconds, asking again with a growing pause — and only past
+        that is it a 503 with Retry-After."""
+        shared = self.answers.shared
+        waited_until = anyio.current_time() + self.config.answers.resume_wait
+        pause = 0.1
+        while True:
+            held = self.answers.find(answer_id, owner) or await self.answers.find_shared(
+                answer_id, owner
+            )
+            if held is not None or shared is None or not await shared.unsure():
+                return held
+            left = waited_until - anyio.current_time()
+            if left <= 0:
+                raise Refused(
+                    503,
+                    "this answer cannot be looked up now: shared state is away, or has just "
+                    "come back and the proxies holding answers are writing them again — try "
+                    "again",
+                    2.0,
+                )
+            await anyio.sleep(min(pause, left))
+            pause = min(2 * pause, 1.0)
 
     async def _stopping(self, call: Call, writer: Writer, send: Send, served: list[Any]) -> None:
         """The proxy is stopping and this answer's grace ran out: say so, after the partial
