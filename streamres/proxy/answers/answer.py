@@ -3,19 +3,21 @@ and go, and what its producer and the answer store keep about it (:mod:`.held` h
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
 
 import streamres
-from streamres.proxy.answers.shared import event_json
+from streamres.proxy.answers.shared import error_from, event_from, event_json
 from streamres.proxy.faces.inbound import Call
 from streamres.proxy.faces.outbound import Writer, answer_usage, responses_usage
 
-__all__ = ["EVENT_BYTES", "Full", "Held", "Ledger", "Status"]
+__all__ = ["EVENT_BYTES", "Full", "Held", "Ledger", "Status", "within"]
 
 #: An event's memory besides its encoding and its text (the event object, its place in the
 #: log, its block's record; measured with tracemalloc).
@@ -36,6 +38,21 @@ def _text_bytes(ev: streamres.Event, api: str) -> int:
     else:
         return 0
     return 2 * n if api == "responses" else n
+
+
+@contextlib.contextmanager
+def within(context: Any) -> Iterator[None]:
+    """Run the block in the OpenTelemetry ``context`` (``None``: as it is)."""
+    if context is None:
+        yield
+        return
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 class Full(Exception):
@@ -300,3 +317,39 @@ class Held:
         if self.final is not None:
             return self.final
         return self.writer.snapshot("in_progress" if self.started else "queued")
+
+    def apply(self, entries: list[Any], me: str | None) -> bool:
+        """Log entries from Redis (``(id, fields)``), applied to this copy: each event
+        encoded again, which must give its producer's bytes (``False`` when it did not).
+        Events this copy has already (its own — ``me``, the writer it is — a write sent
+        again, or an answer written again whole) are skipped by number."""
+        same = True
+        outbox, self.outbox = self.outbox, None  # what others wrote is not written again
+        try:
+            for entry_id, fields in entries:
+                self.entry = entry_id
+                if self.log.ended or (outbox is not None and fields.get("w") == me):
+                    continue  # the copy that writes it has what it wrote, acknowledged or not
+                events = json.loads(fields.get("e") or "[]")
+                skip = self.logged - int(fields.get("at", self.logged))
+                before = len(self.blocks)
+                for obj in events[max(0, skip) :]:
+                    self.add(event_from(obj))
+                self.logged += max(0, len(events) - max(0, skip))
+                end = fields.get("end")
+                if end == "failed":
+                    error = json.loads(fields.get("error") or "{}")
+                    self.fail(error_from(error, self.log.text))
+                elif end == "cancelled":
+                    self.stopped()
+                elif end is not None and not self.log.ended:  # ended without its done event
+                    self.fail(streamres.StreamError("the answer ended", partial_text=self.log.text))
+                made = b"".join(b for _, _, b in self.blocks[before:]).decode("utf-8")
+                checked = fields.get("b") or not events  # a rest written again: no bytes
+                if skip == 0 and checked and made != fields.get("b", ""):
+                    same = False
+        finally:
+            self.outbox = outbox
+            if self.durable is not None:
+                self.durable = len(self.blocks)
+        return same

@@ -48,35 +48,18 @@ from anyio.abc import TaskGroup
 
 import streamres
 from streamres._shell.apps import log
-from streamres.proxy.answers.answer import Full, Held, Ledger
+from streamres.proxy.answers.answer import Full, Held, Ledger, within
 from streamres.proxy.answers.shared import (
     FLUSH,
     LEASE_MS,
     SharedAnswers,
     call_from,
-    error_from,
-    event_from,
     event_json,
 )
 from streamres.proxy.config import HoldLimits
 from streamres.proxy.faces.outbound import Writer, without_urls
 
-__all__ = ["Answers", "Full", "Held", "within"]
-
-
-@contextlib.contextmanager
-def within(context: Any) -> Iterator[None]:
-    """Run the block in the OpenTelemetry ``context`` (``None``: as it is)."""
-    if context is None:
-        yield
-        return
-    from opentelemetry import context as otel_context
-
-    token = otel_context.attach(context)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
+__all__ = ["Answers", "Full", "Held"]
 
 
 class Answers:
@@ -640,39 +623,12 @@ class Answers:
         return held
 
     def _apply(self, held: Held, entries: list[Any]) -> None:
-        """Log entries from Redis, applied to this copy: each event encoded again (the same
-        bytes as its producer's, which are checked). Events this copy has already (its own,
-        or a write sent again, or an answer written again whole) are skipped by number."""
-        outbox, held.outbox = held.outbox, None  # what others wrote is not written again
+        """Log entries from Redis, applied to this copy (:meth:`Held.apply`); bytes made
+        other than its producer's are said once."""
         me = self.shared.shared.id if self.shared is not None else None
-        try:
-            for entry_id, fields in entries:
-                held.entry = entry_id
-                if held.log.ended or (outbox is not None and fields.get("w") == me):
-                    continue  # the copy that writes it has what it wrote, acknowledged or not
-                events = json.loads(fields.get("e") or "[]")
-                skip = held.logged - int(fields.get("at", held.logged))
-                before = len(held.blocks)
-                for obj in events[max(0, skip) :]:
-                    held.add(event_from(obj))
-                held.logged += max(0, len(events) - max(0, skip))
-                end = fields.get("end")
-                if end == "failed":
-                    error = json.loads(fields.get("error") or "{}")
-                    held.fail(error_from(error, held.log.text))
-                elif end == "cancelled":
-                    held.stopped()
-                elif end is not None and not held.log.ended:  # ended without its done event
-                    held.fail(streamres.StreamError("the answer ended", partial_text=held.log.text))
-                made = b"".join(b for _, _, b in held.blocks[before:]).decode("utf-8")
-                checked = fields.get("b") or not events  # a rest written again: no bytes
-                if skip == 0 and checked and made != fields.get("b", "") and not self._mismatch:
-                    self._mismatch = True
-                    log.warning("streamres.proxy_answer_replay_differs", answer=held.id)
-        finally:
-            held.outbox = outbox
-            if held.durable is not None:
-                held.durable = len(held.blocks)
+        if not held.apply(entries, me) and not self._mismatch:
+            self._mismatch = True
+            log.warning("streamres.proxy_answer_replay_differs", answer=held.id)
 
     async def _follow_shared(self, held: Held) -> None:
         """Follow a shadow's log to the answer's end; adopt it if its process is gone (a

@@ -54,9 +54,9 @@ from streamres._shell.apps import (
     otel_installed,
     parse_priority,
 )
-from streamres.proxy.answers.answer import Full, Held
+from streamres.proxy.answers.answer import Full, Held, within
 from streamres.proxy.answers.conversations import Conversations
-from streamres.proxy.answers.held import Answers, within
+from streamres.proxy.answers.held import Answers
 from streamres.proxy.answers.stored import ResponseStore
 from streamres.proxy.config import Config
 from streamres.proxy.faces.counts import (
