@@ -8,8 +8,12 @@ answers already streaming, never behind a batch queued before it. The same order
 processes with shared state (the Redis line in ``_shell/shared`` ranks waiters by the same two
 keys).
 
-Priorities are integers, higher first; three have names (``high`` 10, ``normal`` 0, ``low``
--10). ``Client.stream()`` defaults to ``normal``, ``streamres batch`` to ``low``.
+Priorities are integers, higher first; four have names (``high`` 10, ``normal`` 0, ``low``
+-10, ``background`` -20). ``Client.stream()`` defaults to ``normal``, ``streamres batch`` to
+``low``. Work nobody watches (the proxy's Responses API ``background`` answers) goes in
+``background`` and below: those lanes never take a set's last free slot when it has two or
+more (:func:`reserve`) — a person arriving while background work fills a route finds a slot at
+once, instead of waiting for that work to end.
 """
 
 from __future__ import annotations
@@ -19,10 +23,29 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["HIGH", "LOW", "NAMES", "NORMAL", "Line", "Ticket", "check_priority", "parse_priority"]
+__all__ = [
+    "BACKGROUND",
+    "HIGH",
+    "LOW",
+    "NAMES",
+    "NORMAL",
+    "Line",
+    "Ticket",
+    "check_priority",
+    "parse_priority",
+    "reserve",
+]
 
-HIGH, NORMAL, LOW = 10, 0, -10
-NAMES = {"high": HIGH, "normal": NORMAL, "low": LOW}
+HIGH, NORMAL, LOW, BACKGROUND = 10, 0, -10, -20
+NAMES = {"high": HIGH, "normal": NORMAL, "low": LOW, "background": BACKGROUND}
+
+
+def reserve(priority: int, size: int) -> int:
+    """Slots of a set of ``size`` a request of ``priority`` leaves free for others: one for a
+    background lane when there are two or more, else none."""
+    return 1 if priority <= BACKGROUND and size >= 2 else 0
+
+
 #: Priorities outside this range are refused (the shared line keeps them exact in a float).
 BOUND = 100
 
@@ -89,6 +112,12 @@ class Line(Generic[T]):
         ticket.state = "left"
         self._waiting -= 1
         return True
+
+    def peek(self) -> Ticket[T] | None:
+        """The first waiter, not served (``None`` if nobody waits)."""
+        while self._heap and self._heap[0][2].state != "waiting":
+            heapq.heappop(self._heap)
+        return self._heap[0][2] if self._heap else None
 
     def pop(self) -> Ticket[T] | None:
         """Serve the first waiter (``None`` if nobody waits)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from streamres._answer.options import KNOWN_ARGUMENTS
 from streamres._core.bounds import ANSWER
-from streamres._core.lanes import NORMAL, parse_priority
+from streamres._core.lanes import BACKGROUND, NORMAL, parse_priority
 from streamres._core.redact import redact_url
 from streamres._core.stall import FIRST_OUTPUT, HEADERS, QUICK_FIRST, model_reasons
 from streamres._core.wording import plural
@@ -36,6 +36,7 @@ from streamres._shell.tracing import otel_installed
 
 __all__ = [
     "ANSWER",
+    "BACKGROUND",
     "DEFAULT_MODELS",
     "FIRST_OUTPUT",
     "HEADERS",

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import anyio
 import anyio.lowlevel
 
-from streamres._core.lanes import NORMAL, Line
+from streamres._core.lanes import NORMAL, Line, reserve
 from streamres._fleet.routes import Route
 from streamres._shell.connects import Connects
 from streamres._shell.lag import LoopLag
@@ -52,7 +52,10 @@ class Slots:
 
     async def acquire(self, priority: int = NORMAL) -> None:
         await anyio.lowlevel.checkpoint_if_cancelled()
-        if self.free > 0 and not self.line:
+        first = self.line.peek()
+        if self.free > reserve(priority, self.size) and (
+            first is None or first.priority < priority
+        ):
             self.free -= 1
             await anyio.lowlevel.cancel_shielded_checkpoint()
             return
@@ -73,11 +76,13 @@ class Slots:
         if self.free < 0:  # more were taken than there are: this one pays that back
             self.free += 1
             return
+        first = self.line.peek()
+        if first is None or self.free + 1 <= reserve(first.priority, self.size):
+            self.free += 1  # nobody waits, or only background work, for which one stays free
+            return
         ticket = self.line.pop()
-        if ticket is None:
-            self.free += 1
-        else:
-            ticket.item.set()
+        assert ticket is not None
+        ticket.item.set()
 
 
 class Limits:

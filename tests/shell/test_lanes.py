@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import streamres
-from streamres._core.lanes import Line, check_priority, parse_priority
+from streamres._core.lanes import BACKGROUND, NORMAL, Line, check_priority, parse_priority
 from streamres._shell.limits import Slots
 from streamres.upstream import Upstream
 from tests.helpers.redis import EVERY_REDIS, connected
@@ -118,9 +118,60 @@ async def test_a_freed_slot_goes_to_the_highest_waiter_and_a_cancelled_one_hands
     assert order[-1] == "next" and slots.free == 1 and slots.waiting == 0
 
 
-async def _hold_first_slot(client: streamres.Client, name: str) -> Any:
+async def test_background_work_leaves_a_slot_for_a_person() -> None:
+    """Of two slots, background work takes one and waits for the other while it is the last;
+    a person's request takes it at once; once two are free, background work takes one."""
+    slots = Slots(2)
+    await slots.acquire(BACKGROUND)
+    queued = anyio.Event()
+
+    async def background() -> None:
+        await slots.acquire(BACKGROUND)
+        queued.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(background)
+        await _when(lambda: slots.waiting == 1)
+        with anyio.fail_after(1):
+            await slots.acquire(NORMAL)  # at once: the slot kept free
+        assert slots.free == 0 and not queued.is_set()
+        slots.release()  # the person's: one free, kept for a person
+        assert not queued.is_set() and slots.free == 1
+        slots.release()  # the first background answer's: two free, background goes on
+    assert queued.is_set() and slots.free == 1
+    single = Slots(1)
+    with anyio.fail_after(1):
+        await single.acquire(BACKGROUND)  # a set of one keeps nothing back
+
+
+async def test_background_work_leaves_a_slot_for_a_person_across_processes(
+    redis_server: Any,
+) -> None:
+    """The same in the fleet's line in Redis: a background answer holds one of two slots, a
+    second waits on the line, and a person's answer is served past it."""
+    line = "{streamres}:slots:route:m:line"
+    async with Upstream(words=12) as up:
+        route = streamres.Route("m", base_url=up.openai_url, api_key="k", max_in_flight=2)
+        async with (
+            connected(redis_server.url, decode_responses=True) as redis,
+            streamres.Client([route], shared=redis_server.url) as client,
+        ):
+            held = await _hold_first_slot(client, "held", "background")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_answer, client, "second", "background")
+                with anyio.fail_after(20):
+                    while await redis.zcard(line) < 1:  # noqa: ASYNC110 (in Redis)
+                        await anyio.sleep(0.05)
+                with anyio.fail_after(20):
+                    await _answer(client, "person", "normal")
+                assert _asked(up) == ["Question held", "Question person"]
+                await held.aclose()
+    assert _asked(up)[-1] == "Question second"
+
+
+async def _hold_first_slot(client: streamres.Client, name: str, priority: str = "normal") -> Any:
     """Start an answer and stop reading after its first text: it keeps its slot."""
-    events = client.stream(_q(name), model="m")
+    events = client.stream(_q(name), model="m", priority=priority)
     async for ev in events:
         if ev.type == "text":
             return events
@@ -241,8 +292,10 @@ async def test_lanes_hold_across_processes_sharing_redis(redis_servers: RedisSer
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio
 async def test_the_proxy_serves_client_keys_by_their_lane() -> None:
     """Client keys with lanes (routes.toml ``priority``): the chat key's answer takes the slot
-    the batch key's answers wait for; the chat key asking ``x-streamres-priority: low`` waits
-    behind them; a batch key asking ``high`` stays in its lane; a bad header is a 400."""
+    the batch key's answers wait for; the chat key asking ``x-streamres-priority: low`` joins
+    their lane, where the key with fewer answers in flight goes first (the batch key holds the
+    slot and queued two); a batch key asking ``high`` stays in its lane; a bad header is a
+    400."""
     from streamres.proxy import running
     from streamres.proxy.config import parse
     from streamres.upstream import FaultPlan
@@ -301,10 +354,60 @@ async def test_the_proxy_serves_client_keys_by_their_lane() -> None:
     assert _asked(up) == [
         "Question held",
         "Question chat",
+        "Question polite",
         "Question batch1",
         "Question batch2",
-        "Question polite",
     ]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio
+async def test_a_persons_answer_does_not_wait_for_another_keys_background_work() -> None:
+    """A route of two slots; key A starts two background responses (a few seconds each) and
+    key B then asks a streamed question: B's first event comes within three times its time
+    alone and a second — background work never takes a route's last slot — and A's answers
+    still all complete."""
+    from streamres.proxy import running
+    from streamres.proxy.config import parse
+
+    async with Upstream(words=60, token_delay=0.05) as up:
+        raw = {
+            "routes": [{"name": "m", "model": "m", "base_url": up.openai_url, "max_in_flight": 2}],
+            "clients": [{"name": "a", "key_env": "A"}, {"name": "b", "key_env": "B"}],
+        }
+        config = parse(raw, {"A": "key-a", "B": "key-b"})
+        async with running(config, port=0) as run, httpx_client() as http:
+
+            async def first_event(question: str) -> float:
+                body = {"model": "m", "messages": _q(question), "stream": True}
+                headers = {"authorization": "Bearer key-b"}
+                began = anyio.current_time()
+                url = run.url + "/v1/chat/completions"
+                async with http.stream("POST", url, headers=headers, json=body) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            return anyio.current_time() - began
+                raise AssertionError("no event")
+
+            alone = await first_event("alone")
+            ids = []
+            for i in range(2):
+                r = await http.post(
+                    run.url + "/v1/responses",
+                    headers={"authorization": "Bearer key-a"},
+                    json={"model": "m", "input": f"Background {i}", "background": True},
+                )
+                assert r.status_code == 200, r.text
+                ids.append(r.json()["id"])
+            await _when(lambda: up.in_flight("m") >= 1)
+            waited = await first_event("while A works")
+            assert waited <= 3 * alone + 1.0, (waited, alone)
+            await run.proxy.answers.settled()
+            for answer in ids:
+                got = await http.get(
+                    f"{run.url}/v1/responses/{answer}", headers={"authorization": "Bearer key-a"}
+                )
+                assert got.json()["status"] == "completed"
 
 
 def httpx_client() -> Any:

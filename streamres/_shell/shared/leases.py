@@ -8,7 +8,7 @@ import uuid
 
 import anyio
 
-from streamres._core.lanes import NORMAL
+from streamres._core.lanes import BACKGROUND, NORMAL
 from streamres._core.redact import redact_url
 from streamres._fleet.routes import Route
 from streamres._shell.limits import account_of
@@ -33,7 +33,7 @@ WAITER = 3000
 
 #: The scripts (``scripts/<name>.lua``, each with what its KEYS and ARGV are).
 SCRIPTS = {
-    "acquire": script("acquire", EPOCH_GRACE=EPOCH_GRACE),
+    "acquire": script("acquire", EPOCH_GRACE=EPOCH_GRACE, BACKGROUND=BACKGROUND),
     "extend": script("extend"),
     "reepoch": script("reepoch"),
     "release": script("release"),

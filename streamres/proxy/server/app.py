@@ -47,6 +47,7 @@ import httpx
 
 import streamres
 from streamres._shell.apps import (
+    BACKGROUND,
     KNOWN_ARGUMENTS,
     NORMAL,
     load_counter,
@@ -119,16 +120,22 @@ def _caller_trace(headers: dict[str, str]) -> Any:
 
 def _priority(headers: dict[str, str], state: ClientState | None) -> int:
     """The request's lane: its client key's, or lower if ``x-streamres-priority`` asks (a
-    header never lifts a request above its key's lane)."""
+    header never lifts a request above its key's lane) — and, within the lane, behind the
+    requests of keys with fewer answers in flight (one a step, at most nine: never into the
+    next lane down), so a key that holds a route's slots does not take the next one while
+    another key waits."""
     ceiling = state.key.priority if state is not None else NORMAL
     asked = headers.get("x-streamres-priority")
-    if asked is None:
-        return ceiling
-    try:
-        wanted = parse_priority(asked)
-    except ValueError as exc:
-        raise Refused(400, f"x-streamres-priority: {exc}") from None
-    return wanted if state is None else min(wanted, ceiling)
+    wanted = ceiling
+    if asked is not None:
+        try:
+            wanted = parse_priority(asked)
+        except ValueError as exc:
+            raise Refused(400, f"x-streamres-priority: {exc}") from None
+        wanted = wanted if state is None else min(wanted, ceiling)
+    if state is None:
+        return wanted
+    return max(-100, wanted - min(max(0, state.in_flight - 1), 9))
 
 
 class Proxy:
@@ -327,7 +334,8 @@ class Proxy:
         the caller's trace context (its ``traceparent``), which the answer's span continues;
         ``owner``: the client key's name, the only one that may read the answer again."""
         kwargs: dict[str, Any] = dict(call.params)
-        kwargs["priority"] = priority
+        # Work nobody watches yields: a background answer never takes a route's last slot.
+        kwargs["priority"] = min(priority, BACKGROUND) if call.background else priority
         if call.max_tokens is not None:
             kwargs["max_tokens"] = call.max_tokens
         if call.stream or call.background:

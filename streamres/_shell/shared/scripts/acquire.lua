@@ -4,7 +4,9 @@
 -- Each set ``K`` has a line ``K:line`` (score: minus the priority times 1e13, plus the ms of
 -- arrival: higher lanes first, then first come) and ``K:alive`` (score: when the waiter's
 -- place lapses: a crashed process's waiters drop out). A slot is taken only when there are
--- more free slots than waiters ahead; else the waiter keeps (or takes) its place.
+-- more free slots than waiters ahead; else the waiter keeps (or takes) its place. A request
+-- in a background lane (priority BACKGROUND or below) leaves one slot free of a set of two or
+-- more, for a person (``_core/lanes.reserve``).
 --
 -- The epoch is a key written once for a fleet's Redis: ``f<ms>`` when the first process
 -- found none, ``r<ms>`` when a process found it gone (FLUSHALL, a restart without data, an
@@ -39,7 +41,10 @@ for i = 2, #KEYS do
   local mine = redis.call('ZSCORE', line, lease)
   if mine then rank = math.min(rank, tonumber(mine)) end
   local ahead = redis.call('ZCOUNT', line, '-inf', '(' .. string.format('%.17g', rank))
-  if tonumber(ARGV[4 + i]) - redis.call('ZCARD', key) <= ahead then ok = false end
+  local limit = tonumber(ARGV[4 + i])
+  local spare = 0
+  if tonumber(ARGV[3]) <= BACKGROUND and limit >= 2 then spare = 1 end
+  if limit - redis.call('ZCARD', key) - spare <= ahead then ok = false end
 end
 for i = 2, #KEYS do
   local key = KEYS[i]
