@@ -133,7 +133,8 @@ class ClientKey:
 class ServerLimits:
     """The proxy's limits as a server (``[server]`` in ``routes.toml``); see the README."""
 
-    #: Connections at once; past it a request gets 503 (uvicorn's ``limit_concurrency``).
+    #: Requests served at once (a held answer's reader counts while it reads); past it, the
+    #: excess — only the excess — gets 503 with Retry-After in its API's error shape.
     connections: int = 8192
     #: Seconds a kept-alive connection may sit idle between requests.
     idle_timeout: float = 5.0

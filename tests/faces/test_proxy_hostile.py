@@ -296,6 +296,48 @@ async def test_an_answer_longer_than_the_grace_ends_with_an_error_event() -> Non
         assert all("choices" in e for e in events[:-1])
 
 
+async def test_past_the_limit_only_the_excess_is_turned_away() -> None:
+    """``[server] connections = 3`` and five streamed questions at once: three are answered
+    whole, the two over the limit get 503 with Retry-After in their API's error shape (an
+    Anthropic one in Anthropic's) — the rest of the proxy goes on serving."""
+    async with Upstream(token_delay=0.02, words=40) as up:
+        cfg = config(up.openai_url, server={"connections": 3})
+        async with running(cfg, port=0) as run, httpx.AsyncClient(timeout=60) as http:
+            started = anyio.Event()
+            streaming = 0
+            got: list[tuple[int, bytes, str | None]] = []
+
+            async def answered(i: int) -> None:
+                nonlocal streaming
+                body = {"model": "m", "messages": Q, "stream": True, "max_tokens": 200}
+                url = run.url + "/v1/chat/completions"
+                async with http.stream("POST", url, json=body) as r:
+                    chunks = r.aiter_bytes()
+                    first = await chunks.__anext__()
+                    streaming += 1
+                    if streaming == 3:
+                        started.set()
+                    await started.wait()  # three are streaming at once: the limit's worth
+                    rest = b"".join([c async for c in chunks])
+                    got.append((r.status_code, first + rest, r.headers.get("retry-after")))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(answered, i)
+                await started.wait()
+                over = await http.post(
+                    run.url + "/v1/chat/completions", json={"model": "m", "messages": Q}
+                )
+                over_anthropic = await http.post(
+                    run.url + "/v1/messages", json={"model": "m", "messages": Q, "max_tokens": 9}
+                )
+    assert [status for status, _, _ in got] == [200, 200, 200]
+    assert all(body.rstrip().endswith(b"data: [DONE]") for _, body, _ in got)
+    assert over.status_code == 503 and over.headers["retry-after"]
+    assert over.json()["error"]["type"] and "at once" in over.json()["error"]["message"]
+    assert over_anthropic.status_code == 503 and over_anthropic.json()["type"] == "error"
+
+
 async def test_the_server_section_is_checked() -> None:
     """A bad [server] value or key is one clear line."""
     from streamres.proxy import ConfigError

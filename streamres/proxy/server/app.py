@@ -152,6 +152,8 @@ class Proxy:
         self.requests: collections.deque[list[Any]] = collections.deque(maxlen=REQUESTS_KEPT)
         #: The operator's pages (models, health, metrics).
         self.pages = Pages(client, config)
+        #: Requests being served now (``[server] connections`` bounds them).
+        self.serving = 0
         #: Streamed answers, held for readers that go and come back (``held``).
         self.answers = Answers(client, config.answers)
         #: Stored Responses API responses (``previous_response_id``, ``GET``, ``DELETE``).
@@ -167,6 +169,19 @@ class Proxy:
             return
         if scope["type"] != "http":
             return
+        if self.serving >= self.config.server.connections:  # the excess only: 503, come back
+            path = scope["path"]
+            api: API = "anthropic" if path.startswith("/v1/messages") else "openai"
+            message = f"the proxy serves {self.serving} requests at once, its limit: try again"
+            await asgi.error(send, api, 503, message, 1.0)
+            return
+        self.serving += 1
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self.serving -= 1
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         refused = None if self.clients else not_private(scope, self.config.server)
         if refused is not None:
             await asgi.json_response(

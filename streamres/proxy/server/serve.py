@@ -192,7 +192,9 @@ def _freeze() -> None:
 def _server_settings(limits: ServerLimits) -> dict[str, Any]:
     """uvicorn's own settings for ``limits`` (the rest is :mod:`.connections`)."""
     return {
-        "limit_concurrency": limits.connections,
+        # The app counts requests at once itself and turns away only the excess (uvicorn's
+        # limit refuses every request while the open connections are past it).
+        "limit_concurrency": None,
         "timeout_keep_alive": limits.idle_timeout,
         "timeout_graceful_shutdown": limits.grace,
         "backlog": _backlog(limits.connections),
