@@ -12,7 +12,7 @@ and under hypercorn for comparison; LiteLLM's proxy when it is installed), clien
   proxy's peak RSS and CPU;
 - mid-stream faults through each proxy: is the answer the client gets the upstream's text?
 - per request: the time to the first token and to the whole answer (p50, p99) of short
-  answers at full speed, one request at a time and ten at once, over one kept-alive client per
+  answers at full speed, at 1, 4, 16 and 64 requests at once, over one kept-alive client per
   path — straight, through a bare relay (``benchmarks/relay``: bytes passed on, nothing read) and
   through each proxy, all in the same run, taking turns (``ROUNDS``). The relay and the proxy
   run on the same event loop
@@ -414,10 +414,17 @@ async def _timed(
 ROUNDS = 10
 
 
-async def _per_request(requests: int, words: int) -> list[dict[str, Any]]:
-    """Per request, at concurrency 1 and 10: straight, through a bare relay, through each
-    proxy — the time to the first token and to the end, and what the proxy adds to each. Every
-    server runs through the whole measurement; the paths take turns (``ROUNDS``)."""
+#: Requests at once, as the gateways' published benchmarks measure them.
+CONCURRENCY = (1, 4, 16, 64)
+
+
+async def _per_request(
+    requests: int, words: int, concurrency_levels: tuple[int, ...] = CONCURRENCY
+) -> list[dict[str, Any]]:
+    """Per request, at each concurrency: straight, through a bare relay, through each proxy —
+    the time to the first token and to the end, what each adds to going straight (p50 and
+    p99), and that as a multiple of what the bare relay adds in the same run. Every server runs
+    through the whole measurement; the paths take turns (``ROUNDS``)."""
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         up, _ = stack.enter_context(_upstream("--token-delay", "0", "--words", str(words)))
@@ -431,7 +438,7 @@ async def _per_request(requests: int, words: int) -> list[dict[str, Any]]:
             label = "streamres proxy (uvicorn, asyncio loop)"
             starts.insert(3, (label, lambda: _proxy(up, "uvicorn", "asyncio")))
         paths = [(label, stack.enter_context(start())[0]) for label, start in starts]
-        for concurrency in (1, 10):
+        for concurrency in concurrency_levels:
             limits = httpx.Limits(
                 max_connections=concurrency, max_keepalive_connections=concurrency
             )
@@ -474,6 +481,11 @@ async def _per_request(requests: int, words: int) -> list[dict[str, Any]]:
         b = base[r["concurrency"]]
         for k in ("first_p50_ms", "first_p99_ms", "total_p50_ms", "total_p99_ms"):
             r["added_" + k] = r[k] - b[k]
+    relay = {r["concurrency"]: r for r in rows if r["path"] == "bare relay"}
+    for r in rows:
+        for q in ("p50", "p99"):
+            floor = relay[r["concurrency"]][f"added_total_{q}_ms"]
+            r[f"x_relay_{q}"] = r[f"added_total_{q}_ms"] / floor if floor > 0 else float("nan")
     return rows
 
 
@@ -489,7 +501,10 @@ async def _all(args: argparse.Namespace) -> dict[str, Any]:
     print("mid-stream faults…", file=sys.stderr)
     report["faults"] = await _faults_through(60)
     print("per request…", file=sys.stderr)
-    report["requests"] = await _per_request(50 if quick else args.requests, 20)
+    levels = tuple(int(c) for c in str(args.concurrency).split(",") if c.strip())
+    report["requests"] = await _per_request(
+        50 if quick else args.requests, 20, levels[:2] if quick else levels
+    )
     return report
 
 
@@ -499,6 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=1000, help="concurrent streams in the fan-out")
     p.add_argument(
         "--requests", type=int, default=500, help="requests per path and concurrency, per request"
+    )
+    p.add_argument(
+        "--concurrency",
+        default=",".join(map(str, CONCURRENCY)),
+        help="requests at once in the per-request part, comma-separated",
     )
     p.add_argument("--json", default="bench-proxy.json", help="where to write the results")
     args = p.parse_args(argv)
@@ -533,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
                 "added_first_p50_ms",
                 "added_total_p50_ms",
                 "added_total_p99_ms",
+                "x_relay_p50",
+                "x_relay_p99",
             ],
         )
     )

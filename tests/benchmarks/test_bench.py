@@ -134,17 +134,19 @@ def test_the_resume_bench_reads_every_answer_on_exactly(tmp_path: pathlib.Path) 
 
 def test_the_per_request_bench_reads_every_path_exactly() -> None:
     """``bench proxy``'s per-request part: straight, through the bare relay and through the
-    proxy, one at a time and ten at once — every answer the upstream's, in the same run (its
-    timings are not asserted)."""
+    proxy, at 1, 4, 16 and 64 at once — every answer the upstream's, in the same run, and what
+    each adds set beside the bare relay's (its timings are not asserted)."""
     import anyio
 
     from streamres.benchmarks.proxy import _per_request
 
-    rows = anyio.run(_per_request, 12, 20)
+    rows = anyio.run(_per_request, 64, 20)
     paths = {r["path"] for r in rows}
     assert {"straight to the upstream", "bare relay", "streamres proxy (uvicorn)"} <= paths
-    assert {(r["path"], r["concurrency"]) for r in rows} == {(p, c) for p in paths for c in (1, 10)}
-    assert all(r["exact"] == r["requests"] == 12 for r in rows)
+    levels = (1, 4, 16, 64)
+    assert {(r["path"], r["concurrency"]) for r in rows} == {(p, c) for p in paths for c in levels}
+    assert all(r["exact"] == r["requests"] == 64 for r in rows)
+    assert all({"x_relay_p50", "x_relay_p99", "added_total_p99_ms"} <= r.keys() for r in rows)
     assert all(0 < r["first_p50_ms"] <= r["total_p50_ms"] for r in rows)
 
 
