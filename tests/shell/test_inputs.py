@@ -464,3 +464,112 @@ async def test_a_field_named_as_the_library_s_own_argument_is_refused(
     assert r.status_code == 400, r.text
     assert f"{next(iter(field))!r} is not a field of this API" in r.json()["error"]["message"]
     assert up.requests == []
+
+
+#: A value for each field that asks something of the answer (not a default, not off).
+SAMPLES: dict[str, Any] = {
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": 5,
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "stop": ["END"],
+    "stop_sequences": ["END"],
+    "reasoning_effort": "high",
+    "reasoning": {"effort": "high"},
+    "thinking": {"type": "enabled", "budget_tokens": 9000},
+    "output_config": {"effort": "high"},
+    "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+    "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}},
+    "verbosity": "low",
+    "user": "u1",
+    "safety_identifier": "s1",
+    "seed": 7,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "logit_bias": {"50256": -100},
+    "logprobs": True,
+    "top_logprobs": 3,
+    "n": 2,
+    "modalities": ["text", "audio"],
+    "audio": {"voice": "alloy"},
+    "prediction": {"type": "content", "content": "x"},
+    "functions": [{"name": "f"}],
+    "function_call": "auto",
+    "store": True,
+    "metadata": {"tag": "t"},
+    "prompt_cache_key": "k",
+    "prompt_cache_retention": "24h",
+    "service_tier": "flex",
+    "web_search_options": {},
+    "context_management": {"edits": []},
+    "inference_geo": "us",
+    "container": "c1",
+    "mcp_servers": [{"type": "url", "url": "https://example.com"}],
+    "background": True,
+    "truncation": "auto",
+    "include": ["reasoning.encrypted_content"],
+    "max_tool_calls": 3,
+    "client_metadata": {"a": "b"},
+    "conversation": "conv_1",
+    "prompt": {"id": "p1"},
+}
+
+
+def _every_field() -> list[tuple[str, str, str]]:
+    return [
+        (api, name, target)
+        for api, table in (
+            ("openai", fields.CHAT),
+            ("anthropic", fields.MESSAGES),
+            ("openai-responses", fields.RESPONSES),
+        )
+        for name, fates in table.items()
+        if fates[next(iter(fates))].kind != "read"
+        for target in fates
+    ]
+
+
+@pytest.mark.parametrize(("api", "name", "target"), _every_field())
+def test_every_field_of_every_api_meets_its_fate_on_every_other(
+    api: str, name: str, target: str
+) -> None:
+    """Each field of each API's table, sent to a route of each other API: passed as it is,
+    translated (its name gone, something in the route's own names in its place), left out and
+    said, or refused by name — as the table says; never passed as given where the table says
+    otherwise."""
+    fate = fields.fate(name, target)
+    assert fate is not None
+    value = SAMPLES[name]
+    if fate.kind == "no":
+        with pytest.raises(ValueError, match=rf"^{name} cannot be sent to this model: "):
+            for_route(target, {name: value}, reasons=True)
+        return
+    sent, left = for_route(target, {name: value}, reasons=True)
+    if name == "parallel_tool_calls" and target == "anthropic":  # the request's tool_choice
+        from streamres._providers.anthropic import build_request
+
+        body = build_request(
+            base_url="http://x",
+            api_key=None,
+            model="m",
+            messages=[],
+            max_tokens=9,
+            extra_body=sent,
+            extra_headers={},
+        ).body
+        assert "parallel_tool_calls" not in body
+        assert body["tool_choice"]["disable_parallel_tool_use"] is True
+        return
+    if fate.kind == "same":
+        if name in ("tools", "tool_choice"):
+            assert sent, (name, target)
+        else:
+            assert name in sent or name in ("metadata", "service_tier"), (name, target, sent)
+    elif fate.kind == "to":
+        assert sent and (name not in sent or name in ("tools", "tool_choice")), (name, sent)
+        assert not any(n == name for n, _ in left)
+    else:
+        assert fate.kind == "out"
+        assert name not in sent and [n for n, _ in left] == [name]
