@@ -18,22 +18,12 @@ from typing import Any, Literal, get_args
 
 from streamres._core.bounds import token_bytes
 from streamres._core.dedup import Deduplicator
-from streamres._core.events import ToolCall, Usage
+from streamres._core.events import Join, ToolCall, Usage
 from streamres._core.tokens import Counter, TokenLedger, count_long
 from streamres._providers.wire import StreamDecoder
 
 __all__ = ["JOINS", "Delivery", "Join", "Tally"]
 
-#: How a resume was joined (``DoneEvent.join``).
-Join = Literal[
-    "none",
-    "prefill",
-    "deduplicated",
-    "restart_removed",
-    "diverged",
-    "calls_dropped",
-    "ended_at_seam",
-]
 #: The joins from the surest to the most doubtful: the done event reports the most doubtful
 #: of the answer's resumes.
 JOINS: tuple[Join, ...] = get_args(Join)

@@ -17,6 +17,7 @@ __all__ = [
     "DoneEvent",
     "Event",
     "FallbackEvent",
+    "Join",
     "ResumeEvent",
     "RetryEvent",
     "StatusEvent",
@@ -254,6 +255,19 @@ class FallbackEvent:
     type: Literal["fallback"] = field(default="fallback", init=False)
 
 
+#: How an answer was joined across its resumes (``DoneEvent.join``), from the surest to the
+#: most doubtful.
+Join = Literal[
+    "none",
+    "prefill",
+    "deduplicated",
+    "restart_removed",
+    "diverged",
+    "calls_dropped",
+    "ended_at_seam",
+]
+
+
 @dataclass(frozen=True, slots=True)
 class DoneEvent:
     """The last event: the whole answer and how it was obtained."""
@@ -297,15 +311,7 @@ class DoneEvent:
     #: continue, the model added nothing, again and again: the answer stops where the break
     #: left it, although the finish reason is ``stop`` — mid-sentence, or at a sentence end
     #: the model may or may not have meant as its last).
-    join: Literal[
-        "none",
-        "prefill",
-        "deduplicated",
-        "restart_removed",
-        "diverged",
-        "calls_dropped",
-        "ended_at_seam",
-    ] = "none"
+    join: Join = "none"
     #: The id the server gave the response that finished the answer: a Chat Completions
     #: chunk's ``id``, Anthropic's message id, the Responses API's response id (``""``: none
     #: came, or the answer came from the cache).

@@ -61,6 +61,16 @@ def no(why: str) -> Fate:
     return Fate("no", why)
 
 
+def on(targets: tuple[Provider, Provider], fate: Fate) -> dict[Provider, Fate]:
+    """The same fate on both other APIs' routes."""
+    return dict.fromkeys(targets, fate)
+
+
+_NOT_CHAT: tuple[Provider, Provider] = ("anthropic", "openai-responses")
+_NOT_MESSAGES: tuple[Provider, Provider] = ("openai", "openai-responses")
+_NOT_RESPONSES: tuple[Provider, Provider] = ("openai", "anthropic")
+
+
 _HOSTED = "a hosted tool's option: the route's API runs no such tool (the proxy's [tools] hosted)"
 _CACHE = "a caching hint of another API's; this API caches on its own terms"
 _TIER = "service tiers are named per API"
@@ -69,16 +79,16 @@ _TOOLS = "its shape (functions; a hosted tool only where the API runs it)"
 
 #: Chat Completions' fields: their fate on a Messages route and on a Responses route.
 CHAT: dict[str, dict[Provider, Fate]] = {
-    "model": {"anthropic": READ, "openai-responses": READ},
-    "messages": {"anthropic": READ, "openai-responses": READ},
-    "stream": {"anthropic": READ, "openai-responses": READ},
-    "stream_options": {"anthropic": READ, "openai-responses": READ},
-    "max_tokens": {"anthropic": READ, "openai-responses": READ},
-    "max_completion_tokens": {"anthropic": READ, "openai-responses": READ},
-    "temperature": {"anthropic": SAME, "openai-responses": SAME},
-    "top_p": {"anthropic": SAME, "openai-responses": SAME},
-    "tools": {"anthropic": to(_TOOLS), "openai-responses": to(_TOOLS)},
-    "tool_choice": {"anthropic": to("its shape"), "openai-responses": to("its shape")},
+    "model": on(_NOT_CHAT, READ),
+    "messages": on(_NOT_CHAT, READ),
+    "stream": on(_NOT_CHAT, READ),
+    "stream_options": on(_NOT_CHAT, READ),
+    "max_tokens": on(_NOT_CHAT, READ),
+    "max_completion_tokens": on(_NOT_CHAT, READ),
+    "temperature": on(_NOT_CHAT, SAME),
+    "top_p": on(_NOT_CHAT, SAME),
+    "tools": on(_NOT_CHAT, to(_TOOLS)),
+    "tool_choice": on(_NOT_CHAT, to("its shape")),
     "parallel_tool_calls": {
         "anthropic": to("tool_choice.disable_parallel_tool_use"),
         "openai-responses": SAME,
@@ -125,24 +135,15 @@ CHAT: dict[str, dict[Provider, Fate]] = {
         "anthropic": no("Anthropic's API returns no log probabilities"),
         "openai-responses": SAME,
     },
-    "n": {
-        "anthropic": no("streamres streams one answer per call"),
-        "openai-responses": no("streamres streams one answer per call"),
-    },
-    "modalities": {"anthropic": no(_MEDIA), "openai-responses": no(_MEDIA)},
-    "audio": {"anthropic": no(_MEDIA), "openai-responses": no(_MEDIA)},
+    "n": on(_NOT_CHAT, no("streamres streams one answer per call")),
+    "modalities": on(_NOT_CHAT, no(_MEDIA)),
+    "audio": on(_NOT_CHAT, no(_MEDIA)),
     "prediction": {
         "anthropic": no("Anthropic's API takes no predicted output"),
         "openai-responses": no("the Responses API takes no predicted output"),
     },
-    "functions": {
-        "anthropic": no("the old way of giving tools: write them as tools="),
-        "openai-responses": no("the old way of giving tools: write them as tools="),
-    },
-    "function_call": {
-        "anthropic": no("the old way of choosing a tool: write it as tool_choice="),
-        "openai-responses": no("the old way of choosing a tool: write it as tool_choice="),
-    },
+    "functions": on(_NOT_CHAT, no("the old way of giving tools: write them as tools=")),
+    "function_call": on(_NOT_CHAT, no("the old way of choosing a tool: write it as tool_choice=")),
     "store": {
         "anthropic": no("Anthropic's API keeps no completions to fetch later"),
         "openai-responses": SAME,
@@ -159,19 +160,19 @@ CHAT: dict[str, dict[Provider, Fate]] = {
 
 #: Anthropic Messages' fields: their fate on a Chat Completions route and on a Responses route.
 MESSAGES: dict[str, dict[Provider, Fate]] = {
-    "model": {"openai": READ, "openai-responses": READ},
-    "messages": {"openai": READ, "openai-responses": READ},
-    "system": {"openai": READ, "openai-responses": READ},
-    "stream": {"openai": READ, "openai-responses": READ},
-    "max_tokens": {"openai": READ, "openai-responses": READ},
-    "temperature": {"openai": SAME, "openai-responses": SAME},
-    "top_p": {"openai": SAME, "openai-responses": SAME},
+    "model": on(_NOT_MESSAGES, READ),
+    "messages": on(_NOT_MESSAGES, READ),
+    "system": on(_NOT_MESSAGES, READ),
+    "stream": on(_NOT_MESSAGES, READ),
+    "max_tokens": on(_NOT_MESSAGES, READ),
+    "temperature": on(_NOT_MESSAGES, SAME),
+    "top_p": on(_NOT_MESSAGES, SAME),
     "top_k": {
         "openai": Fate("same", "llama.cpp, vLLM and SGLang take it; OpenAI itself does not"),
         "openai-responses": no("the Responses API has no top_k"),
     },
-    "tools": {"openai": to(_TOOLS), "openai-responses": to(_TOOLS)},
-    "tool_choice": {"openai": to("its shape"), "openai-responses": to("its shape")},
+    "tools": on(_NOT_MESSAGES, to(_TOOLS)),
+    "tool_choice": on(_NOT_MESSAGES, to("its shape")),
     "stop_sequences": {
         "openai": to("stop"),
         "openai-responses": no("the Responses API has no stop sequences"),
@@ -184,10 +185,7 @@ MESSAGES: dict[str, dict[Provider, Fate]] = {
         "openai": to("reasoning_effort (effort), response_format (format)"),
         "openai-responses": to("reasoning.effort (effort), text.format (format)"),
     },
-    "metadata": {
-        "openai": out("Anthropic's metadata.user_id is its own end-user tag"),
-        "openai-responses": out("Anthropic's metadata.user_id is its own end-user tag"),
-    },
+    "metadata": on(_NOT_MESSAGES, out("Anthropic's metadata.user_id is its own end-user tag")),
     "context_management": {
         "openai": out(
             "it clears old tool results and thinking in Anthropic's context; other "
@@ -198,31 +196,29 @@ MESSAGES: dict[str, dict[Provider, Fate]] = {
             "context; other APIs get the conversation as it was sent"
         ),
     },
-    "service_tier": {"openai": out(_TIER), "openai-responses": out(_TIER)},
-    "inference_geo": {
-        "openai": out("where Anthropic runs the model; not another API's to choose"),
-        "openai-responses": out("where Anthropic runs the model; not another API's to choose"),
-    },
-    "container": {"openai": out(_HOSTED), "openai-responses": out(_HOSTED)},
+    "service_tier": on(_NOT_MESSAGES, out(_TIER)),
+    "inference_geo": on(
+        _NOT_MESSAGES, out("where Anthropic runs the model; not another API's to choose")
+    ),
+    "container": on(_NOT_MESSAGES, out(_HOSTED)),
     "mcp_servers": {"openai": out(_HOSTED), "openai-responses": out(_HOSTED)},
 }
 
 #: The Responses API's fields: their fate on a Chat Completions route and on a Messages route.
 RESPONSES: dict[str, dict[Provider, Fate]] = {
-    "model": {"openai": READ, "anthropic": READ},
-    "input": {"openai": READ, "anthropic": READ},
-    "instructions": {"openai": READ, "anthropic": READ},
-    "stream": {"openai": READ, "anthropic": READ},
-    "max_output_tokens": {"openai": READ, "anthropic": READ},
-    "previous_response_id": {"openai": READ, "anthropic": READ},
-    "background": {
-        "openai": no("background responses are the Responses API's (the proxy runs them)"),
-        "anthropic": no("background responses are the Responses API's (the proxy runs them)"),
-    },
-    "temperature": {"openai": SAME, "anthropic": SAME},
-    "top_p": {"openai": SAME, "anthropic": SAME},
-    "tools": {"openai": to(_TOOLS), "anthropic": to(_TOOLS)},
-    "tool_choice": {"openai": to("its shape"), "anthropic": to("its shape")},
+    "model": on(_NOT_RESPONSES, READ),
+    "input": on(_NOT_RESPONSES, READ),
+    "instructions": on(_NOT_RESPONSES, READ),
+    "stream": on(_NOT_RESPONSES, READ),
+    "max_output_tokens": on(_NOT_RESPONSES, READ),
+    "previous_response_id": on(_NOT_RESPONSES, READ),
+    "background": on(
+        _NOT_RESPONSES, no("background responses are the Responses API's (the proxy runs them)")
+    ),
+    "temperature": on(_NOT_RESPONSES, SAME),
+    "top_p": on(_NOT_RESPONSES, SAME),
+    "tools": on(_NOT_RESPONSES, to(_TOOLS)),
+    "tool_choice": on(_NOT_RESPONSES, to("its shape")),
     "parallel_tool_calls": {
         "openai": SAME,
         "anthropic": to("tool_choice.disable_parallel_tool_use"),
@@ -241,43 +237,32 @@ RESPONSES: dict[str, dict[Provider, Fate]] = {
         "openai": SAME,
         "anthropic": no("Anthropic's API returns no log probabilities"),
     },
-    "truncation": {
-        "openai": no('truncation is the Responses API\'s ("disabled" is left out)'),
-        "anthropic": no('truncation is the Responses API\'s ("disabled" is left out)'),
-    },
+    "truncation": on(
+        _NOT_RESPONSES, no('truncation is the Responses API\'s ("disabled" is left out)')
+    ),
     "store": {
         "openai": SAME,
         "anthropic": no("Anthropic's API keeps no responses to fetch later"),
     },
-    "include": {
-        "openai": out(
+    "include": on(
+        _NOT_RESPONSES,
+        out(
             "it asks for output items (encrypted reasoning, sources, log "
             "probabilities) only the Responses API returns"
         ),
-        "anthropic": out(
-            "it asks for output items (encrypted reasoning, sources, log "
-            "probabilities) only the Responses API returns"
-        ),
-    },
-    "max_tool_calls": {
-        "openai": out("a bound on hosted tool calls, which this API does not run"),
-        "anthropic": out("a bound on hosted tool calls, which this API does not run"),
-    },
+    ),
+    "max_tool_calls": on(
+        _NOT_RESPONSES, out("a bound on hosted tool calls, which this API does not run")
+    ),
     "metadata": {
         "openai": out("tags for a stored response; Chat's need store=true"),
         "anthropic": out("tags for a stored response; Anthropic's metadata holds only user_id"),
     },
-    "client_metadata": {
-        "openai": out("a client's own bookkeeping (Codex sends it)"),
-        "anthropic": out("a client's own bookkeeping (Codex sends it)"),
-    },
+    "client_metadata": on(_NOT_RESPONSES, out("a client's own bookkeeping (Codex sends it)")),
     "prompt_cache_key": {"openai": SAME, "anthropic": out(_CACHE)},
     "prompt_cache_retention": {"openai": SAME, "anthropic": out(_CACHE)},
     "service_tier": {"openai": SAME, "anthropic": out(_TIER)},
-    "conversation": {
-        "openai": no("state kept by one server: send the whole conversation"),
-        "anthropic": no("state kept by one server: send the whole conversation"),
-    },
+    "conversation": on(_NOT_RESPONSES, no("state kept by one server: send the whole conversation")),
     "prompt": {
         "openai": no("a prompt kept by one server: send its text as input"),
         "anthropic": no("a prompt kept by one server: send its text as input"),
