@@ -40,17 +40,16 @@ from __future__ import annotations
 import collections
 import inspect
 import json
+import time
 from typing import Any
 
 import anyio
-import httpx
 
 import streamres
 from streamres._shell.apps import (
     BACKGROUND,
     KNOWN_ARGUMENTS,
     NORMAL,
-    load_counter,
     log,
     otel_installed,
     parse_priority,
@@ -60,17 +59,11 @@ from streamres.proxy.answers.conversations import Conversations
 from streamres.proxy.answers.held import Answers
 from streamres.proxy.answers.stored import ResponseStore
 from streamres.proxy.config import Config
-from streamres.proxy.faces.counts import (
-    MESSAGE_OVERHEAD,
-    count_body,
-    prompt_pieces,
-    upstream_request,
-)
 from streamres.proxy.faces.fates import HOSTED, left_out
 from streamres.proxy.faces.inbound import API, BadRequest, Call, parse
 from streamres.proxy.faces.outbound import PREFIXES, Writer, without_urls
 from streamres.proxy.faces.refusal import Refused
-from streamres.proxy.server import asgi
+from streamres.proxy.server import asgi, counting
 from streamres.proxy.server.admission import Admission, ClientState, Slot, not_private
 from streamres.proxy.server.asgi import Receive, Scope, Send
 from streamres.proxy.server.board import BOARD_HTML
@@ -227,6 +220,7 @@ class Proxy:
     async def _answer(self, api: API, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         state: ClientState | None = None
+        began = time.perf_counter()
         served: list[Any] = [scope["path"], "", 0]
         self.requests.append(served)
         try:
@@ -274,7 +268,18 @@ class Proxy:
             tenant = state.key.name if state and not self.config.cache_shared else None
             parent = _caller_trace(headers)
             await self._run(
-                call, chain, writer, receive, send, served, tenant, priority, parent, owner, slot
+                call,
+                chain,
+                writer,
+                receive,
+                send,
+                served,
+                tenant,
+                priority,
+                parent,
+                owner,
+                slot,
+                began,
             )
         finally:
             await slot.give_back()
@@ -283,30 +288,8 @@ class Proxy:
         """A request's input tokens: asked of the first route of its model's chain when that
         route's API counts them, else (or when it fails) counted here, an estimate
         (``x-streamres-count``: ``upstream`` or ``estimate``)."""
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            self.admission.reader(headers)
-            raw = await asgi.body(receive, self.config.server)
-            call = parse(api, raw)
-            chain = self.config.models.get(call.model)
-            if chain is None:
-                raise Refused(404, f"the model {call.model!r} does not exist here")
-            await self.conversations.follow_on(call, self.admission.reader(headers))
-        except (Refused, BadRequest) as exc:
-            refused = exc if isinstance(exc, Refused) else Refused(400, str(exc))
-            await asgi.error(send, api, refused.status, str(exc), refused.retry_after)
-            return
-        route = next(r for r in self.client.routes if r.key == chain[0])
-        asked = upstream_request(call, json.loads(raw), route)
-        tokens = await _upstream_count(*asked) if asked is not None else None
-        how = b"upstream"
-        if tokens is None:
-            how = b"estimate"
-            _, count = await load_counter(route.model)
-            pieces = prompt_pieces(call)
-            tokens = sum(count(p) for p in pieces) + MESSAGE_OVERHEAD * (len(call.messages) + 1)
-        body = json.dumps(count_body(call, tokens)).encode()
-        await asgi.respond(send, 200, body, "application/json", [(b"x-streamres-count", how)])
+        pieces = (self.config, self.admission, self.client.routes, self.conversations)
+        await counting.serve(api, scope, receive, send, *pieces)
 
     def _left_out(self, call: Call, chain: list[str]) -> None:
         """Say what of the request a route of its chain leaves out (the log), or refuse a
@@ -343,6 +326,7 @@ class Proxy:
         parent: Any = None,
         owner: str | None = None,
         slot: Slot | None = None,
+        began: float | None = None,
     ) -> None:
         """Stream (or collect) the answer; ``served[2]``: the HTTP status sent; ``tenant``: the
         client key whose answers it may share; ``priority``: its lane for slots; ``parent``:
@@ -383,7 +367,9 @@ class Proxy:
         async with anyio.create_task_group() as tg:
             tg.start_soon(asgi.watch_disconnect, receive, tg.cancel_scope)
             try:
-                await self._relay(call, chain, kwargs, writer, send, served, tenant, parent, owner)
+                await self._relay(
+                    call, chain, kwargs, writer, send, served, tenant, parent, owner, began
+                )
             except anyio.get_cancelled_exc_class():
                 if not tg.cancel_scope.cancel_called:  # the server stops: the client is here
                     with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
@@ -595,9 +581,11 @@ class Proxy:
         tenant: str | None,
         parent: Any = None,
         owner: str | None = None,
+        began: float | None = None,
     ) -> None:
         started = False
         pending: list[bytes] = []
+        waited = 0.0  # the library's deliberate waits (backoff before a retry or a resume)
 
         async def out(data: bytes) -> None:
             nonlocal started
@@ -621,8 +609,14 @@ class Proxy:
                             if call.api == "responses":
                                 await self.conversations.kept(call, json.loads(body), owner)
                             served[2] = 200
-                            await asgi.respond(send, 200, body, "application/json")
+                            extra = []
+                            if began is not None:
+                                added = overhead(time.perf_counter() - began, ev, waited)
+                                extra.append((b"x-streamres-overhead-ms", b"%.2f" % added))
+                            await asgi.respond(send, 200, body, "application/json", extra)
                             return
+                        if ev.type in ("retry", "resume"):
+                            waited += ev.delay
                         continue
                     if ev.type == "text":
                         await out(writer.text(ev.text))
@@ -649,15 +643,13 @@ class Proxy:
             await asgi.error(send, call.api, status, str(exc), retry)
 
 
-async def _upstream_count(url: str, headers: dict[str, str], body: dict[str, Any]) -> int | None:
-    """The route's own count (``None``: it gave none, and the proxy counts)."""
-    try:
-        async with httpx.AsyncClient(timeout=10.0, trust_env=True) as http:
-            response = await http.post(url, headers=headers, json=body)
-        tokens = response.json().get("input_tokens") if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return tokens if type(tokens) is int and tokens >= 0 else None
+def overhead(wall: float, done: streamres.DoneEvent, waited: float) -> float:
+    """Milliseconds the proxy added to an answer: its time from the request's arrival to the
+    response, less the time its attempts spent with the upstream (each from its request to
+    its end) and the backoff between them. What is left is the proxy's own work — reading the
+    request, setting the answer up, writing the response — and a wait for a route's slot."""
+    with_upstream = sum(a.seconds for a in done.history)
+    return max(0.0, (wall - with_upstream - waited) * 1000)
 
 
 def _api_of(answer_id: str) -> API:
