@@ -325,3 +325,21 @@ async def test_a_whole_answer_says_what_the_proxy_added() -> None:
     assert r.status_code == 200
     added = float(r.headers["x-streamres-overhead-ms"])
     assert wall_ms >= 400 and 0 <= added < wall_ms - 300
+
+
+async def test_message_start_carries_the_input_tokens() -> None:
+    """Anthropic's ``message_start`` names the input tokens from the start (an estimate, a
+    token to four bytes of the request), and the end's ``message_delta`` the server's count."""
+    async with (
+        Upstream() as up,
+        running(_config(up), port=0) as run,
+        httpx.AsyncClient(base_url=run.url, timeout=30) as http,
+    ):
+        body = json.dumps({**CLAUDE_CODE, "model": "chat"}).encode()
+        headers = {"content-type": "application/json"}
+        r = await http.post("/v1/messages?beta=true", content=body, headers=headers)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    start = next(e for e in events if e["type"] == "message_start")
+    end = next(e for e in events if e["type"] == "message_delta")
+    assert start["message"]["usage"]["input_tokens"] == (len(body) + 3) // 4
+    assert end["usage"]["input_tokens"] > 0

@@ -83,6 +83,8 @@ class Call:
     store: bool = True
     #: The Responses API's input as its items, each with an id (``input_items`` lists them).
     items: list[dict[str, Any]] = field(default_factory=list)
+    #: Bytes of the request body (a first estimate of its tokens, before a server counts).
+    size: int = 0
 
     @property
     def head(self) -> int:
@@ -189,6 +191,7 @@ def _parse(api: API, raw: bytes) -> Call:
         previous=body.get("previous_response_id") if api == "responses" else None,
         store=store,
         items=input_items(body.get("input")) if api == "responses" else [],
+        size=len(raw),
     )
 
 

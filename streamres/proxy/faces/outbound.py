@@ -194,7 +194,10 @@ class Writer:
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": 0, "output_tokens": 0},
+                # An estimate (a token is about four bytes of the request) until the end's
+                # message_delta carries the server's count: a client's context meter starts
+                # from it, as from the API's own message_start.
+                "usage": {"input_tokens": (self.call.size + 3) // 4, "output_tokens": 0},
             }
             return self._sse("message_start", {"type": "message_start", "message": message})
         response = self._response("in_progress", usage=None)
