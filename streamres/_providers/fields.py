@@ -28,7 +28,6 @@ __all__ = [
     "RESPONSES",
     "Fate",
     "check",
-    "defined_by",
     "fate",
     "markdown",
 ]
@@ -274,11 +273,6 @@ _TABLES: dict[Provider, dict[str, dict[Provider, Fate]]] = {
     "anthropic": MESSAGES,
     "openai-responses": RESPONSES,
 }
-
-
-def defined_by(name: str) -> tuple[Provider, ...]:
-    """The APIs that define a field of this name."""
-    return tuple(api for api in APIS if name in _TABLES[api])
 
 
 def fate(name: str, provider: str) -> Fate | None:
