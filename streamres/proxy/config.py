@@ -64,6 +64,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     hold = 20                 # seconds an answer keeps running for a reader that went
     keep = 600                # seconds an ended (or parked) answer is kept to be read again
     max_answers = 10000       # answers held at once; past it, the longest-ended go first
+    resume_wait = 10          # seconds a resume waits while shared state cannot say (then 503)
 
     [responses]               # stored Responses API responses (previous_response_id)
     keep = 2592000            # seconds a stored response is kept (30 days)
@@ -74,6 +75,7 @@ From ``routes.toml`` (``streamres proxy --config routes.toml``)::
     key_env = "STREAMRES_UI_KEY"
     max_in_flight = 10        # answers at once; more get 429 with Retry-After
     requests_per_minute = 120
+    priority = "normal"       # its lane: high, normal, low, background, or an integer
 
 Every route is also a model of its own name. Without a file, the proxy fronts the embedded
 upstream (two models of one family under its fault storm), so the demo runs offline.
