@@ -321,6 +321,23 @@ const [browserPath, url, mode, question] = process.argv.slice(2);
     const before = await page.$eval("#answer", (e) => e.textContent);
     if (mode === "reload") await page.reload();
     else console.log("CUT " + JSON.stringify(before));
+    if (mode === "moved") {  // read again by an EventSource once the test has moved it
+      await new Promise((done) => process.stdin.once("data", done));
+      process.stdin.destroy();
+      const got = await page.evaluate((id) => new Promise((done) => {
+        const source = new EventSource("/v1/answers/" + id + "/events");
+        let text = "";
+        source.onmessage = (m) => {
+          if (m.data === "[DONE]") { source.close(); done({ whole: true, text }); return; }
+          const chunk = JSON.parse(m.data);
+          for (const c of chunk.choices || []) text += (c.delta && c.delta.content) || "";
+        };
+        // Any status but 200 is final for an EventSource: it closes and says error.
+        source.onerror = () => { if (source.readyState === 2) done({ whole: false, text }); };
+      }), await page.evaluate(() => JSON.parse(localStorage.getItem("streamres.chat")).answer.id));
+      console.log("DONE " + JSON.stringify({ before, text: got.text, whole: got.whole }));
+      return;
+    }
     await page.waitForFunction(
       () => document.body.dataset.state === "idle"
         && document.querySelectorAll('.msg[data-role="assistant"]').length === 1,
@@ -380,6 +397,57 @@ async def test_the_chat_page_picks_its_answer_up_in_a_browser(mode: str, tmp_pat
         assert len(up.requests) == 1
         (held,) = run.proxy.answers._held.values()
         assert held.reads >= 2  # read again: after the reload, or the network's return
+
+
+async def test_the_chat_page_reloads_across_a_redis_restart_onto_another_replica(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    """Headless Chromium on the chat page through a load balancer, mid-answer on replica A:
+    Redis stops, the balancer moves the page to replica B, and the page reads the answer
+    again with a browser's ``EventSource`` — which gives up on any status but 200. B holds the
+    request while it cannot look the answer up; Redis comes back empty, A writes the answer
+    again, and the ``EventSource`` gets the whole answer, exact; the upstream was asked
+    once."""
+    browser, script, env = _puppeteer(tmp_path)
+    question = "Explain TCP slow start in a few sentences."
+    async with Upstream(token_delay=0.04) as up:
+        config = shared_config(up)
+        async with (
+            running(config, port=0, redis=redis_server.url) as a,
+            running(config, port=0, redis=redis_server.url) as b,
+            relay(a.url) as balancer,
+        ):
+            command = ["node", str(script), browser, balancer.url, "moved", question]
+            with anyio.fail_after(120):
+                async with await anyio.open_process(command, env=env) as node:
+                    assert node.stdout is not None and node.stdin is not None
+                    lines = b""
+                    async for data in node.stdout:
+                        lines += data
+                        if b"CUT " in lines and balancer.port != int(b.url.rsplit(":", 1)[1]):
+                            redis_server.stop()
+                            balancer.cut()  # its open connections end: the next go to B
+                            balancer.retarget(b.url)
+                            balancer.restore()
+                            await node.stdin.send(b"read\n")
+                            await node.stdin.aclose()
+                            # B is asked while Redis is away: it holds the request.
+                            await _when_held(b)
+                            redis_server.start()
+                    await node.wait()
+                    assert node.returncode == 0, lines.decode()
+        done = json.loads(lines.decode().split("DONE ", 1)[1])
+        expected = up.answer([{"role": "user", "content": question}])
+        assert done["whole"] and done["text"] == expected
+        assert done["before"] != expected  # it was mid-answer when the page went
+        assert asked(up, question) == 1
+
+
+async def _when_held(run: Any) -> None:
+    """Until ``run`` is serving a request (the answer's, held while it cannot be looked up)."""
+    with anyio.fail_after(30):
+        while run.proxy.serving < 1:  # noqa: ASYNC110 (another task's request, polled)
+            await anyio.sleep(0.02)
 
 
 @EVERY_REDIS_ASYNCIO

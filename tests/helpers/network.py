@@ -29,6 +29,12 @@ class Relay:
     def restore(self) -> None:
         self.down = False
 
+    def retarget(self, target: str) -> None:
+        """New connections go to ``target`` (a load balancer moving a client to another
+        replica); those open stay where they are."""
+        host, port = target.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+
     async def _handle(self, client: anyio.abc.SocketStream) -> None:
         async with client:
             if self.down:
