@@ -21,7 +21,7 @@ from tests.helpers.redis import free_port
 
 pytestmark = pytest.mark.anyio
 
-BOUND = 2 * 2**20
+BOUND = 2**20
 
 
 @pytest.fixture
@@ -101,3 +101,49 @@ async def test_held_answers_stay_within_their_byte_bound_in_memory(
         held = len(run.proxy.answers)
     assert held < made  # answers were pushed out
     assert grown <= 1.25 * BOUND, f"{grown / 2**20:.2f} MiB for a bound of {BOUND / 2**20} MiB"
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
+async def test_the_byte_bound_counts_what_held_answers_take(
+    upstream: tuple[int, subprocess.Popen[bytes]], api: str
+) -> None:
+    """Long answers (~20,000 characters each) read to their end and kept: what the proxy
+    counts them as weighing (``held_bytes``, what ``max_bytes`` bounds) is within 1.25× of
+    what its memory grew by while it took them, either way — and under 8 bytes a character."""
+    port, proc = upstream
+    await _serving(port, proc)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    config = parse({"routes": [{"name": "m", "model": "m", "base_url": base_url}]}, {})
+    path = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}.get(api, "/v1/responses")
+    async with (
+        running(config, port=0) as run,
+        httpx.AsyncClient(base_url=run.url, timeout=60) as http,
+    ):
+
+        async def read(question: str) -> int:
+            ask: dict[str, object] = {"model": "m", "stream": True, "max_tokens": 100_000}
+            if api == "responses":
+                ask = {"model": "m", "stream": True, "input": question}
+            else:
+                ask["messages"] = [{"role": "user", "content": question}]
+            async with http.stream("POST", path, json=ask) as r:
+                assert r.status_code == 200
+                got = await r.aread()
+            return len(got)
+
+        await read("warm up")  # the process's one-time allocations first
+        await run.proxy.answers.settled()
+        answers = run.proxy.answers
+        tracemalloc.start()
+        try:
+            before, counted = _traced(), answers.held_bytes
+            for i in range(6):
+                await read(f"question {i}")
+            await answers.settled()
+            grown, counted = _traced() - before, answers.held_bytes - counted
+        finally:
+            tracemalloc.stop()
+        chars = sum(len(h.log.text) for h in answers._held.values()) * 6 // len(answers)
+    assert len(answers) == 7 and chars > 100_000
+    assert grown / 1.25 <= counted <= grown * 1.25, (counted, grown)
+    assert counted / chars < 8, counted / chars

@@ -13,31 +13,21 @@ from typing import Any, Literal
 import anyio
 
 import streamres
+from streamres.proxy.answers.blocks import Blocks
 from streamres.proxy.answers.shared import error_from, event_from, event_json
 from streamres.proxy.faces.inbound import Call
 from streamres.proxy.faces.outbound import Writer, answer_usage, responses_usage
 
-__all__ = ["EVENT_BYTES", "Full", "Held", "Ledger", "Status", "within"]
+__all__ = ["HELD_BYTES", "Full", "Held", "Ledger", "Status", "within"]
 
-#: An event's memory besides its encoding and its text (the event object, its place in the
-#: log, its block's record; measured with tracemalloc).
-EVENT_BYTES = 200
+#: A held answer before its events: itself, its writer, its request, its log (tracemalloc).
+HELD_BYTES = 6_000
 
 
-def _text_bytes(ev: streamres.Event, api: str) -> int:
-    """The memory of the text an event holds: its strings as Python keeps them (1, 2 or 4
-    bytes a character, by the widest), twice for a Responses answer, whose writer keeps its
-    output text too."""
-    if ev.type in ("text", "thinking"):
-        n = sys.getsizeof(ev.text)
-    elif ev.type == "tool_call":
-        n = sys.getsizeof(ev.arguments) + sys.getsizeof(ev.name)
-    elif ev.type == "done":
-        n = sys.getsizeof(ev.text) + sys.getsizeof(ev.thinking)
-        n += sum(sys.getsizeof(c.arguments) for c in ev.tool_calls)
-    else:
-        return 0
-    return 2 * n if api == "responses" else n
+def _items_bytes(ev: streamres.Event, api: str) -> int:
+    """What a Responses answer keeps of an event besides its log: a done event's text in its
+    output item (which its response object shares)."""
+    return sys.getsizeof(ev.text) if api == "responses" and ev.type == "done" else 0
 
 
 @contextlib.contextmanager
@@ -102,12 +92,13 @@ class Held:
     #: The caller's trace context (its ``traceparent``), which the answer's span continues.
     context: Any = None
     log: streamres.AnswerLog = field(default_factory=streamres.AnswerLog)
-    #: The encoded SSE events: (number, numbered, bytes). A comment (not numbered) carries the
-    #: number of the event before it, so it is replayed after that one.
-    blocks: list[tuple[int, bool, bytes]] = field(default_factory=list)
-    size: int = 0
-    #: What its events weigh besides their encoding (``weight``).
+    #: The encoded SSE events, kept compactly (a comment alone carries the number of the
+    #: event before it, so it is replayed after that one).
+    blocks: Blocks = field(default_factory=Blocks)
+    #: What it keeps of its events besides its log and its blocks (``weight``).
     events_bytes: int = 0
+    #: The weight its ledger was last told.
+    counted: int = 0
     #: Its response head may be sent: the first content came (status events wait before it).
     started: bool = False
     pending: list[streamres.Event] = field(default_factory=list)
@@ -171,34 +162,31 @@ class Held:
 
     @property
     def weight(self) -> int:
-        """Bytes it holds in memory: its encoded events, and the events themselves — their
-        text as Python keeps it, and about 200 bytes an event besides."""
-        return self.size + self.events_bytes
+        """Bytes it holds in memory: itself, its blocks and its log (the text of each, once
+        encoded and once as UTF-8, and a few bytes an event), its other events as objects."""
+        kept = self.blocks.nbytes + self.log.events.nbytes + self.events_bytes
+        return HELD_BYTES + kept + len(self.writer._text)  # a Responses text item in progress
+
+    def weigh(self) -> None:
+        """Tell its ledger what it weighs now."""
+        if self.ledger is not None:
+            w = self.weight
+            self.ledger.add(self.owner, w - self.counted)
+            self.counted = w
 
     @property
     def last_number(self) -> int:
         """The number of the last event held (-1: none yet)."""
-        return self.blocks[-1][0] if self.blocks else -1
+        return self.blocks.last_number
 
     def after(self, number: int, start: int = 0) -> tuple[bytes, int]:
         """The held events after ``number`` from block ``start`` on, and where they end."""
-        i = start
-        if start == 0 and number >= 0:  # the first block past ``number`` (numbers ascend)
-            lo, hi = 0, len(self.blocks)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                n, numbered, _ = self.blocks[mid]
-                if n < number or (n == number and numbered):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            i = lo
-        end = self.visible()
         blocks = self.blocks
-        while i < end and (blocks[i][0] < number or (blocks[i][0] == number and blocks[i][1])):
+        i = blocks.after(number) if start == 0 and number >= 0 else start
+        end = self.visible()
+        while i < end and blocks.had(i, number):
             i += 1  # a reader ahead of this copy (it read on from another): not what it has
-        data = b"".join(b for _, _, b in blocks[i:end])
-        return data, max(i, end)
+        return blocks.join(i, end), max(i, end)
 
     def visible(self) -> int:
         """How many blocks readers may have: all — or, written to Redis, those Redis has (a
@@ -223,28 +211,27 @@ class Held:
         await self._moved.wait()
 
     def _keep(self, data: bytes) -> None:
-        last, size = self.last_number, self.size
-        for block in data.split(b"\n\n")[:-1]:
-            block += b"\n\n"
-            if block.startswith(b"id: "):
-                last = int(block[4 : block.index(b"\n")])
-                self.blocks.append((last, True, block))
-            else:
-                self.blocks.append((last, False, block))
-            self.size += len(block)
-        if self.ledger is not None:
-            self.ledger.add(self.owner, self.size - size)
+        self.blocks.keep(data)
+        self.weigh()
 
     def _logged(self, ev: streamres.Event) -> None:
         self.log.append(ev)
-        held = EVENT_BYTES + _text_bytes(ev, self.call.api)
-        self.events_bytes += held
-        if self.ledger is not None:
-            self.ledger.add(self.owner, held)
+        self.events_bytes += _items_bytes(ev, self.call.api)
+        self.weigh()
 
     def add(self, ev: streamres.Event) -> None:
         """An event of the answer: encoded, kept, logged (which wakes the readers)."""
         w = self.writer
+        if (ev.type == "text" or ev.type == "thinking") and self.started:
+            plain = w.delta(ev.type, ev.text)
+            if plain is not None:  # kept as its text; its bytes made when read (or written)
+                frame, number, text = plain
+                self.blocks.delta(frame, number, text)
+                if self.outbox is not None:
+                    self.outbox.append((event_json(ev), frame.block(number, text)))
+                self._logged(ev)
+                self.notify()
+                return
         content = ev.type in ("text", "thinking", "tool_call", "done")
         if not content and not self.started and not w.status_events:
             self.pending.append(ev)  # status before any content: sent with the head
@@ -344,7 +331,7 @@ class Held:
                     self.stopped()
                 elif end is not None and not self.log.ended:  # ended without its done event
                     self.fail(streamres.StreamError("the answer ended", partial_text=self.log.text))
-                made = b"".join(b for _, _, b in self.blocks[before:]).decode("utf-8")
+                made = self.blocks.join(before, len(self.blocks)).decode("utf-8")
                 checked = fields.get("b") or not events  # a rest written again: no bytes
                 if skip == 0 and checked and made != fields.get("b", ""):
                     same = False

@@ -230,7 +230,7 @@ class Answers:
         data, i = held.after(after)
         while True:
             if data:
-                after = held.blocks[i - 1][0]
+                after = held.blocks.number(i - 1)
                 yield data, held.read_all(i)
             elif held.successor is not None:  # produced elsewhere now: read on from its log
                 held, i = held.successor, 0
@@ -399,7 +399,7 @@ class Answers:
 
     def _whole(self, held: Held) -> list[tuple[dict[str, Any] | None, bytes]]:
         """The whole answer as one write: every event, every byte."""
-        data = b"".join(b for _, _, b in held.blocks)
+        data = held.blocks.join(0, len(held.blocks))
         return [*((event_json(ev), b"") for ev in held.log.events), (None, data)]
 
     def _keep(self, held: Held, *, whole: bool) -> None:
@@ -515,7 +515,7 @@ class Answers:
         successor = await self.find_shared(held.id, held.owner)
         if successor is None:  # gone from Redis too: what was written is all there is
             if held.durable is not None:
-                del held.blocks[held.durable :]
+                held.blocks.truncate(held.durable)
             held.durable = None
             held.fail(
                 streamres.StreamError(
@@ -681,14 +681,14 @@ class Answers:
 
     def _hold(self, held: Held) -> None:
         self._held[held.id] = held
-        held.ledger = self._ledger
-        self._ledger.add(held.owner, held.weight)
+        held.ledger, held.counted = self._ledger, 0
+        held.weigh()
 
     def _forget(self, held: Held) -> None:
         if self._held.get(held.id) is held:
             del self._held[held.id]
-            self._ledger.add(held.owner, -held.weight)
-            held.ledger = None
+            self._ledger.add(held.owner, -held.counted)
+            held.ledger, held.counted = None, 0
 
     def _make_room(self, owner: str | None, *, refuse: bool) -> None:
         """Room for one more answer of ``owner``'s (a client key's name). Past a bound —

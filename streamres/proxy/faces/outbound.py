@@ -20,14 +20,15 @@ import re
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from streamres import DoneEvent, Route, StreamError, ToolCallEvent
 from streamres._shell.apps import flat_name
 from streamres.proxy.faces.inbound import API, Call
 
-__all__ = ["PREFIXES", "Writer", "answer_usage", "error_body", "responses_usage"]
+__all__ = ["PREFIXES", "Frame", "Writer", "answer_usage", "error_body", "responses_usage"]
 
 #: The id of an answer in each API starts so; the rest is the answer's own (``Writer.answer``).
 PREFIXES = {"openai": "chatcmpl-", "anthropic": "msg_", "responses": "resp_"}
@@ -45,6 +46,43 @@ _ERROR_TYPES = {
 
 def _dump(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def escaped(text: str) -> bytes:
+    """``text`` as the inside of a JSON string, as :func:`_dump` writes it."""
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A text delta's SSE block but for its number and its text, which is all a held answer
+    keeps of it (the block is made again when read): ``id: <n>`` + ``head`` (+ ``<n>`` +
+    ``again``, where the event repeats its number: a Responses event's ``sequence_number``)
+    + the text (:func:`escaped`) + ``tail``."""
+
+    head: bytes
+    again: bytes | None
+    tail: bytes
+
+    def block(self, number: int, text: bytes) -> bytes:
+        n = b"%d" % number
+        if self.again is None:
+            return b"".join((b"id: ", n, self.head, text, self.tail))
+        return b"".join((b"id: ", n, self.head, n, self.again, text, self.tail))
+
+
+def _framed(event: str | None, obj: dict[str, Any], numbered: bool = False) -> Frame:
+    """The frame of an event whose data is ``obj`` with the text ``\x00`` in its place
+    (``numbered``: its ``sequence_number``, the first field, is the event's number)."""
+    head = b"\n" + (f"event: {event}\n".encode() if event else b"") + b"data: "
+    data = _dump(obj)
+    at = data.index(b"\\u0000")
+    before, tail = data[:at], data[at + 6 :] + b"\n\n"
+    if not numbered:
+        return Frame(head + before, None, tail)
+    start = b'{"type":' + _dump(obj["type"]) + b',"sequence_number":'
+    seq = before.index(b",", len(start))
+    return Frame(head + start, before[seq:], tail)
 
 
 def error_body(api: API, status: int, message: str, code: str | None = None) -> bytes:
@@ -101,7 +139,9 @@ class Writer:
         self._seq = 0
         self._block = -1  # Anthropic: index of the open content block
         self._block_kind = ""
-        self._text: list[str] = []
+        self._text = bytearray()  # Responses: the open text item's text, UTF-8
+        #: The frames of plain deltas (:meth:`delta`), by what they depend on.
+        self._frames: dict[tuple[Any, ...], Frame] = {}
         self._items: list[dict[str, Any]] = []  # Responses: output items done so far
         self._calls = 0
         #: Responses: the functions of the request's ``namespace`` tools by the name routes
@@ -248,7 +288,8 @@ class Writer:
         if self._block_kind != "text":
             return b""
         self._block_kind = ""
-        text = "".join(self._text)
+        text = self._text.decode()
+        self._text.clear()
         idx = len(self._items)
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         item = {
@@ -266,9 +307,65 @@ class Writer:
             + self._resp("response.output_item.done", output_index=idx, item=item)
         )
 
+    def delta(
+        self, kind: Literal["text", "thinking"], text: str
+    ) -> tuple[Frame, int, bytes] | None:
+        """A text (or thinking) event that continues the open block with nothing before it:
+        its frame, its number and its text escaped — the writer moves on as :meth:`text`
+        would. ``None``: it opens a block or carries comments (:meth:`text` encodes it)."""
+        api = self.api
+        if self._comments or (api != "openai" and self._block_kind != kind):
+            return None
+        if api == "responses" and kind != "text":
+            return None
+        key = (kind, self.model) if api == "openai" else (kind, self._block, len(self._items))
+        frame = self._frames.get(key)
+        if frame is None:
+            frame = self._frames[key] = self._frame(kind)
+        n = self._seq
+        self._seq += 1
+        if api == "responses":  # its text item is written whole when it closes
+            self._text += text.encode()
+        return frame, n, escaped(text)
+
+    def _frame(self, kind: Literal["text", "thinking"]) -> Frame:
+        if self.api == "openai":
+            field = "content" if kind == "text" else "reasoning_content"
+            return _framed(
+                None,
+                {
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [{"index": 0, "delta": {field: "\x00"}, "finish_reason": None}],
+                },
+            )
+        if self.api == "anthropic":
+            delta = {"type": "text_delta", "text": "\x00"}
+            if kind == "thinking":
+                delta = {"type": "thinking_delta", "thinking": "\x00"}
+            obj = {"type": "content_block_delta", "index": self._block, "delta": delta}
+            return _framed("content_block_delta", obj)
+        kind_ = "response.output_text.delta"
+        obj = {
+            "type": kind_,
+            "sequence_number": 0,
+            "item_id": self._message_id(),
+            "output_index": len(self._items),
+            "content_index": 0,
+            "delta": "\x00",
+            "logprobs": [],
+        }
+        return _framed(kind_, obj, numbered=True)
+
     def text(self, text: str) -> bytes:
+        plain = self.delta("text", text)
+        if plain is not None:
+            frame, n, inside = plain
+            return frame.block(n, inside)
         if self.api == "responses":  # its text item is written whole when it closes
-            self._text.append(text)
+            self._text += text.encode()
         if self.api == "openai":
             return self._chunk({"content": text})
         if self.api == "anthropic":
@@ -294,6 +391,10 @@ class Writer:
         )
 
     def thinking(self, text: str) -> bytes:
+        plain = self.delta("thinking", text)
+        if plain is not None:
+            frame, n, inside = plain
+            return frame.block(n, inside)
         if self.api == "openai":
             return self._chunk({"reasoning_content": text})
         if self.api == "anthropic":
@@ -500,7 +601,7 @@ class Writer:
         the output so far, the text in progress as its own message item."""
         items = list(self._items)
         if self._block_kind == "text":
-            text = "".join(self._text)
+            text = self._text.decode()
             items.append(
                 {
                     "id": self._message_id(),
@@ -574,7 +675,7 @@ class Writer:
                     "usage": {"input_tokens": inp, "output_tokens": out},
                 }
             )
-        self._text = [done.text]
+        self._text = bytearray(done.text.encode())
         if done.text:
             self._block_kind = "text"
             self._responses_close_text()
