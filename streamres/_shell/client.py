@@ -356,7 +356,7 @@ class Client:
             opts = replace(opts, headers={**opts.headers, **trace.headers()})
 
         def events(gen: AsyncIterator[Event]) -> ResilientStream:
-            return ResilientStream(gen if trace is None else traced(gen, trace))
+            return ResilientStream(gen if trace is None else traced(gen, trace), trace)
 
         if hedge is not None and not isinstance(hedge, bool):
             raise InvalidRequest(

@@ -64,7 +64,7 @@ from streamres._shell.limits import Limits
 from streamres._shell.log import log, mask_http_logs
 from streamres._shell.shared import SharedState
 from streamres._shell.timer import TIMEOUT, ReadTimer, clock
-from streamres._shell.tracing import Tracing, traced
+from streamres._shell.tracing import AnswerTrace, Tracing, traced
 
 __all__ = ["ResilientStream", "stream_resilient"]
 
@@ -259,16 +259,24 @@ def stream_resilient(
         return ResilientStream(_run(opts, client, None))
     trace = tracer.answer(opts.messages, routes[0], more, max_tokens)
     opts = dataclasses.replace(opts, headers={**opts.headers, **trace.headers()})
-    return ResilientStream(traced(_run(opts, client, None), trace))
+    return ResilientStream(traced(_run(opts, client, None), trace), trace)
 
 
 class ResilientStream:
     """The events of one answer: an async iterator and an async context manager."""
 
-    __slots__ = ("_gen",)
+    __slots__ = ("_gen", "_trace")
 
-    def __init__(self, gen: AsyncIterator[Event]) -> None:
+    def __init__(self, gen: AsyncIterator[Event], trace: AnswerTrace | None = None) -> None:
         self._gen = gen
+        self._trace = trace
+
+    def set_attribute(self, key: str, value: str | int | float | bool) -> None:
+        """An attribute of the caller's on the answer's span, when the answer is traced (until
+        its done event has been read: the span ends with the answer) — as the proxy adds the
+        time it spent on the answer."""
+        if self._trace is not None:
+            self._trace.span.set_attribute(key, value)
 
     def __aiter__(self) -> ResilientStream:
         return self

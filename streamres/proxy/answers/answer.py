@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,7 +19,7 @@ from streamres.proxy.answers.shared import error_from, event_from, event_json
 from streamres.proxy.faces.inbound import Call
 from streamres.proxy.faces.outbound import Writer, answer_usage, responses_usage
 
-__all__ = ["HELD_BYTES", "Full", "Held", "Ledger", "Status", "within"]
+__all__ = ["HELD_BYTES", "Full", "Held", "Ledger", "Status", "added_ms", "within"]
 
 #: A held answer before its events: itself, its writer, its request, its log (tracemalloc).
 HELD_BYTES = 6_000
@@ -28,6 +29,15 @@ def _items_bytes(ev: streamres.Event, api: str) -> int:
     """What a Responses answer keeps of an event besides its log: a done event's text in its
     output item (which its response object shares)."""
     return sys.getsizeof(ev.text) if api == "responses" and ev.type == "done" else 0
+
+
+def added_ms(wall: float, done: streamres.DoneEvent, waited: float) -> float:
+    """Milliseconds the proxy added to an answer: its time from the request's arrival to its
+    end, less the time its attempts spent with the upstream (each from its request to its end)
+    and the backoff between them. What is left is the proxy's own work — reading the request,
+    setting the answer up, writing it — and a wait for a route's slot."""
+    with_upstream = sum(a.seconds for a in done.history)
+    return max(0.0, (wall - with_upstream - waited) * 1000)
 
 
 @contextlib.contextmanager
@@ -99,6 +109,12 @@ class Held:
     events_bytes: int = 0
     #: The weight its ledger was last told.
     counted: int = 0
+    #: When its request came (``time.perf_counter``; ``None``: not timed, as a copy of
+    #: another process's or a parked answer), the backoff it waited, and at its end what the
+    #: proxy added to it (:func:`added_ms`).
+    began: float | None = None
+    waited: float = 0.0
+    added: float | None = None
     #: Its response head may be sent: the first content came (status events wait before it).
     started: bool = False
     pending: list[streamres.Event] = field(default_factory=list)
@@ -233,6 +249,10 @@ class Held:
                 self.notify()
                 return
         content = ev.type in ("text", "thinking", "tool_call", "done")
+        if ev.type == "retry" or ev.type == "resume":
+            self.waited += ev.delay
+        elif ev.type == "done" and self.began is not None:
+            self.added = added_ms(time.perf_counter() - self.began, ev, self.waited)
         if not content and not self.started and not w.status_events:
             self.pending.append(ev)  # status before any content: sent with the head
             self._out(ev, b"")

@@ -57,6 +57,7 @@ from streamres.proxy.answers.shared import (
     event_json,
 )
 from streamres.proxy.config import HoldLimits
+from streamres.proxy.faces.inbound import Call
 from streamres.proxy.faces.outbound import Writer, without_urls
 
 __all__ = ["Answers", "Full", "Held"]
@@ -91,6 +92,9 @@ class Answers:
         #: Called when an answer this process produced (or stopped) has ended: the proxy
         #: stores Responses API responses so (:mod:`.stored`).
         self.on_end: Callable[[Held], Awaitable[None]] | None = None
+        #: Called when an answer this process produced in one go has ended, with what the
+        #: proxy added to it (milliseconds): the proxy logs it and counts it in its metrics.
+        self.on_answered: Callable[[Call, float], None] | None = None
         #: Called after Redis came back, or lost its data, once this process's answers are
         #: written again: the proxy writes its stored responses again too.
         self.on_loss: Callable[[], Awaitable[None]] | None = None
@@ -278,6 +282,8 @@ class Answers:
                 async with answer as events:
                     async for ev in events:
                         held.add(ev)
+                        if held.added is not None and ev.type == "done":
+                            answer.set_attribute("streamres.proxy.added_ms", held.added)
                         if held.log.ended and held.readers:
                             # Its readers send the end before this task closes the upstream
                             # response and settles the answer's accounts.
@@ -300,6 +306,8 @@ class Answers:
             return
         if held.log.ended:
             held.ended_at = self.clock()
+            if held.added is not None and self.on_answered is not None:
+                self.on_answered(held.call, held.added)
             await self._ended(held)
         elif held._stopping:
             held.stopped()
@@ -309,7 +317,7 @@ class Answers:
             # A reader came while the upstream was being closed for want of one: on again.
             self.tasks.start_soon(self._produce, held)
         else:  # cancelled without a stop: parked (its hold passed) — or the proxy stops
-            held.parked = True
+            held.parked, held.began = True, None  # its time parked is not the proxy's
             held.ended_at = self.clock()
             held.notify()
         if held.log.ended or held.parked:

@@ -54,7 +54,7 @@ from streamres._shell.apps import (
     otel_installed,
     parse_priority,
 )
-from streamres.proxy.answers.answer import Full, Held, within
+from streamres.proxy.answers.answer import Full, Held, added_ms, within
 from streamres.proxy.answers.conversations import Conversations
 from streamres.proxy.answers.held import Answers
 from streamres.proxy.answers.stored import ResponseStore
@@ -144,7 +144,7 @@ class Proxy:
         #: they came (the status is 0 until it is sent).
         self.requests: collections.deque[list[Any]] = collections.deque(maxlen=REQUESTS_KEPT)
         #: The operator's pages (models, health, metrics).
-        self.pages = Pages(client, config)
+        self.pages = Pages(client, config, lambda: (len(self.answers), self.answers.held_bytes))
         #: Requests being served now (``[server] connections`` bounds them).
         self.serving = 0
         #: Streamed answers, held for readers that go and come back (``held``).
@@ -153,7 +153,14 @@ class Proxy:
         store = ResponseStore(config.responses, lambda: client._shared_state)
         self.conversations = Conversations(store, self.answers)
         self.answers.on_end = self.conversations.ended
+        self.answers.on_answered = self.answered
         self.answers.on_loss = store.rewrite
+
+    def answered(self, call: Call, added: float) -> None:
+        """An answer ended: what the proxy added to it, in the log and the metrics."""
+        self.pages.added.observe(added)
+        added_ms = round(added, 3)
+        log.info("streamres.proxy_answered", api=call.api, model=call.model, added_ms=added_ms)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":  # served on its own: answers live as long as it
@@ -340,6 +347,7 @@ class Proxy:
         if call.stream or call.background:
             deadline_at = anyio.current_time() + self.config.deadline
             held = Held(writer, call, owner, chain, kwargs, tenant, deadline_at, parent)
+            held.began = began
             if slot is not None:
                 held.slot = slot.hand_over()  # counted until the answer stops running
             try:
@@ -611,8 +619,10 @@ class Proxy:
                             served[2] = 200
                             extra = []
                             if began is not None:
-                                added = overhead(time.perf_counter() - began, ev, waited)
+                                added = added_ms(time.perf_counter() - began, ev, waited)
                                 extra.append((b"x-streamres-overhead-ms", b"%.2f" % added))
+                                answer.set_attribute("streamres.proxy.added_ms", added)
+                                self.answered(call, added)
                             await asgi.respond(send, 200, body, "application/json", extra)
                             return
                         if ev.type in ("retry", "resume"):
@@ -641,15 +651,6 @@ class Proxy:
             status, retry = _status_of(exc)
             served[2] = status
             await asgi.error(send, call.api, status, str(exc), retry)
-
-
-def overhead(wall: float, done: streamres.DoneEvent, waited: float) -> float:
-    """Milliseconds the proxy added to an answer: its time from the request's arrival to the
-    response, less the time its attempts spent with the upstream (each from its request to
-    its end) and the backoff between them. What is left is the proxy's own work — reading the
-    request, setting the answer up, writing the response — and a wait for a route's slot."""
-    with_upstream = sum(a.seconds for a in done.history)
-    return max(0.0, (wall - with_upstream - waited) * 1000)
 
 
 def _api_of(answer_id: str) -> API:

@@ -4,9 +4,11 @@ and a stream of it), Prometheus metrics, and who may see them. I/O shell."""
 from __future__ import annotations
 
 import base64
+import bisect
 import hmac
 import json
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -17,16 +19,46 @@ from streamres.proxy.config import Config
 from streamres.proxy.server import asgi
 from streamres.proxy.server.asgi import Receive, Scope, Send
 
-__all__ = ["Pages"]
+__all__ = ["Added", "Pages"]
+
+#: Upper bounds (milliseconds) of the buckets what the proxy added is counted in.
+BUCKETS_MS = (0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
+
+
+class Added:
+    """What the proxy added to its answers (milliseconds each): a histogram, as Prometheus
+    keeps one."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS_MS) + 1)
+        self.total = 0.0
+
+    def observe(self, ms: float) -> None:
+        self.counts[bisect.bisect_left(BUCKETS_MS, ms)] += 1
+        self.total += ms
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative counts by upper bound in seconds, as ``HistogramMetricFamily`` takes."""
+        out, seen = [], 0
+        for bound, n in zip([*BUCKETS_MS, float("inf")], self.counts, strict=True):
+            seen += n
+            out.append(("+Inf" if bound == float("inf") else repr(bound / 1000), float(seen)))
+        return out
 
 
 class Pages:
     """The operator's pages of one proxy (its client and configuration)."""
 
-    def __init__(self, client: streamres.Client, config: Config) -> None:
+    def __init__(
+        self, client: streamres.Client, config: Config, held: Callable[[], tuple[int, int]]
+    ) -> None:
         self.client = client
         self.config = config
         self._metrics: Any = None
+        #: What the proxy added to each answer (the answers say it as they end).
+        self.added = Added()
+        #: The answers held now, and what they weigh (bytes).
+        self.held = held
 
     def operator(self, scope: Scope) -> bool:
         """May this request see the health pages and metrics? Always without client keys (a
@@ -134,5 +166,33 @@ class Pages:
 
             self._metrics = CollectorRegistry()
             register(self.client, self._metrics, fleet=True)  # any worker may be scraped
+            self._metrics.register(_ProxyCollector(self))
         body = generate_latest(self._metrics)
         await asgi.respond(send, 200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+
+class _ProxyCollector:
+    """This proxy process's own metrics: what it added to its answers, what it holds."""
+
+    def __init__(self, pages: Pages) -> None:
+        self.pages = pages
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+        added = self.pages.added
+        yield HistogramMetricFamily(
+            "streamres_proxy_added_seconds",
+            "Time the proxy added to an answer: its own, outside waiting on the upstream",
+            buckets=added.buckets(),
+            sum_value=added.total / 1000,
+        )
+        count, weight = self.pages.held()
+        yield GaugeMetricFamily(
+            "streamres_proxy_answers_held", "Answers this process holds for readers", count
+        )
+        yield GaugeMetricFamily(
+            "streamres_proxy_answers_held_bytes",
+            "What the answers held weigh in memory (what [answers] max_bytes bounds)",
+            weight,
+        )
