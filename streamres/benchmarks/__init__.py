@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "batch": "batch",
     "continuation": "continuation",
     "resume": "resume",
+    "held": "held",
     "replicas": "replicas",
     "--continuation": "continuation",
 }

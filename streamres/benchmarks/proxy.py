@@ -90,8 +90,8 @@ def _upstream(*extra: str) -> contextlib.AbstractContextManager[tuple[str, int]]
 def _proxy(upstream: str, server: str = "uvicorn", loop: str = "auto") -> Iterator[tuple[str, int]]:
     """A proxy process in front of ``upstream``: streamres (under uvicorn or hypercorn, on
     ``loop``), or LiteLLM's (``server="litellm"``)."""
-    if server == "litellm":
-        with _litellm_proxy(upstream) as got:
+    if server in ("litellm", "portkey"):
+        with (_litellm_proxy if server == "litellm" else _portkey_proxy)(upstream) as got:
             yield got
         return
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
@@ -166,9 +166,89 @@ def _litellm_proxy(upstream: str) -> Iterator[tuple[str, int]]:
 
 def _servers() -> list[str]:
     """The proxies this run can start: streamres's under each installed server, LiteLLM's
-    when its command is here (``not_run`` says why any other is not)."""
+    when its command is here, Portkey's gateway when it is here and answers (``not_run``
+    says why any other is not)."""
     servers = ["uvicorn"] + (["hypercorn"] if installed("hypercorn") else [])
-    return servers + (["litellm"] if _litellm() else [])
+    return servers + (["litellm"] if _litellm() else []) + (["portkey"] if _PORTKEY.ok else [])
+
+
+#: Headers a gateway needs on each request: Portkey's names the provider and the upstream.
+_HEADERS: dict[str, dict[str, str]] = {}
+
+
+class _Portkey:
+    """Portkey's gateway (``@portkey-ai/gateway`` on Node): where its start script is
+    (``STREAMRES_PORTKEY``, else ``node_modules`` here), and why it cannot run, once tried."""
+
+    def __init__(self) -> None:
+        self.why: str | None = None
+        self.ok = False
+
+    @property
+    def script(self) -> str | None:
+        given = os.environ.get("STREAMRES_PORTKEY") or os.path.join(
+            "node_modules", "@portkey-ai", "gateway", "build", "start-server.js"
+        )
+        return given if os.path.exists(given) and shutil.which("node") else None
+
+    async def probe(self, upstream: str) -> None:
+        """Start it once and ask it for an answer: it runs in the rows only if it answers."""
+        if self.script is None:
+            self.why = (
+                "Portkey's gateway: not here (npm install @portkey-ai/gateway, or name its "
+                "build/start-server.js with STREAMRES_PORTKEY; Node needed)"
+            )
+            return
+        with tempfile.TemporaryFile("w+") as said, _portkey_proxy(upstream, said) as (url, _):
+            try:
+                got = await _read(url, 20)
+            except httpx.HTTPError:
+                body = {"model": "m", "messages": Q, "stream": True}
+                async with httpx.AsyncClient() as http:
+                    r = await http.post(
+                        url + "/v1/chat/completions", json=body, headers=_HEADERS[url]
+                    )
+                got = f"HTTP {r.status_code} {r.text[:80]}"
+            self.ok = got == answer_for(Q, words=20)
+            if not self.ok:
+                said.seek(0)
+                error = next((x.strip()[-100:] for x in said if "Error:" in x), "")
+                self.why = f"Portkey's gateway: every answer failed ({got}; its log: {error})"
+
+
+_PORTKEY = _Portkey()
+
+
+@contextlib.contextmanager
+def _portkey_proxy(upstream: str, said: Any = subprocess.DEVNULL) -> Iterator[tuple[str, int]]:
+    """Portkey's gateway in front of ``upstream`` (``said``: where its output goes)."""
+    assert _PORTKEY.script is not None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        ["node", _PORTKEY.script, f"--port={port}", "--headless"],
+        stdout=said,
+        stderr=said,
+        env={**os.environ, "NODE_ENV": "production"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    _HEADERS[url] = {"x-portkey-provider": "openai", "x-portkey-custom-host": upstream + "/v1"}
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"Portkey's gateway exited at start (code {proc.returncode})")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def not_run() -> list[str]:
@@ -183,10 +263,14 @@ def not_run() -> list[str]:
             "LiteLLM proxy: no litellm command on PATH (pip install 'litellm[proxy]', or name "
             "one with STREAMRES_LITELLM)"
         )
+    if _PORTKEY.why:
+        missing.append(_PORTKEY.why)
     return missing
 
 
 def _label(server: str) -> str:
+    if server == "portkey":
+        return "Portkey gateway"
     return "LiteLLM proxy" if server == "litellm" else f"streamres proxy ({server})"
 
 
@@ -214,6 +298,7 @@ async def _read(url: str, words: int, stamps: list[float] | None = None) -> str:
     body = {"model": "m", "messages": Q, "stream": True}
     # LiteLLM's proxy requires a key (its master key); the streamres proxy takes none here.
     headers = {"x-upstream-words": str(words), "authorization": f"Bearer {_KEY}"}
+    headers.update(_HEADERS.get(url, {}))
     async with (
         httpx.AsyncClient(timeout=None) as client,
         aconnect_sse(
@@ -343,7 +428,7 @@ async def _faults_through(words: int) -> list[dict[str, Any]]:
     """An in-band error after 20 tokens and a reset after 40: what each proxy's client gets."""
     rows = []
     want = answer_for(Q, words=words)
-    for server in ["uvicorn"] + (["litellm"] if _litellm() else []):
+    for server in [s for s in _servers() if s != "hypercorn"]:
         # A fresh upstream for each: the faults are the first requests'.
         with _upstream("--faults", "error@20,reset@40", "--words", str(words)) as (up, _):
             with _proxy(up, server) as (url, _pid):
@@ -380,6 +465,7 @@ async def _timed(
     seconds to its first token and to its end, and its body."""
     body = {"model": "m", "messages": Q, "stream": True}
     headers = {"x-upstream-words": str(words), "authorization": f"Bearer {_KEY}"}
+    headers.update(_HEADERS.get(url, {}))
     first: list[float] = []
     total: list[float] = []
     bodies: list[bytes] = []
@@ -492,6 +578,8 @@ async def _per_request(
 async def _all(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     report: dict[str, Any] = {}
+    with _upstream("--words", "20") as (up, _):
+        await _PORTKEY.probe(up)
     print("latency per token…", file=sys.stderr)
     report["latency"] = await _latency(1 if quick else 5, 60 if quick else 200)
     print("CPU per event…", file=sys.stderr)
