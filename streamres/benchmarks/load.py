@@ -47,6 +47,20 @@ __all__ = ["main"]
 
 Q = [{"role": "user", "content": "Explain TCP slow start."}]
 STORM = "0.02,0.2,0"
+#: Tries a client gives a request the proxy turned away (503, Retry-After), as the official
+#: SDKs try again (they default to 2 more; a burst past the proxy's limit needs a few).
+RETRIES = 8
+
+
+def _room_for(connections: int) -> None:
+    """Raise this process's open-file limit (which the servers it starts inherit) to what
+    ``connections`` streams need in the proxy: one socket to the client and one upstream
+    each. Past the hard limit it takes privileges (root); without, the proxy says what
+    fits."""
+    want = 2 * connections + 512
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), max(hard, want)))
 
 
 def _upstream(words: int, delay: float, chaos: str | None) -> Any:
@@ -57,10 +71,12 @@ def _upstream(words: int, delay: float, chaos: str | None) -> Any:
     return _process(argv, "embedded upstream")
 
 
-def _proxy(upstream: str, deadline: float) -> Any:
+def _proxy(upstream: str, deadline: float, connections: int | None = None) -> Any:
     f = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)  # noqa: SIM115
     with f:
         f.write(f"[policy]\ndeadline = {deadline}\n")
+        if connections is not None:
+            f.write(f"[server]\nconnections = {connections}\n")
         f.write(f'[[routes]]\nname = "m"\nmodel = "m"\nbase_url = "{upstream}/v1"\n')
     argv = [sys.executable, "-m", "streamres", "proxy", "--port", "0", "--config", f.name]
     return _process(argv, "streamres proxy on")
@@ -134,6 +150,21 @@ def _busy(n: int) -> Any:
             b.wait()
 
 
+async def _text(r: httpx.Response) -> str:
+    """A streamed Chat Completions answer's text (or why there is none: ``!…``)."""
+    if r.status_code != 200:
+        return f"!HTTP {r.status_code}"
+    text = ""
+    async for line in r.aiter_lines():
+        if line.startswith("data: {"):
+            event = json.loads(line[6:])
+            if "error" in event:
+                return "!in-band error: " + str(event["error"].get("code"))
+            choices = event.get("choices") or [{}]
+            text += (choices[0].get("delta") or {}).get("content") or ""
+    return text
+
+
 async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str, Any]:
     cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -148,23 +179,22 @@ async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str,
         turn = itertools.count()
         http = clients[0]
 
+        retried = 0
+
         async def answer() -> str:
-            text = ""
+            nonlocal retried
             own = clients[next(turn) % len(clients)]
             try:
-                async with own.stream("POST", url + "/v1/chat/completions", json=body) as r:
-                    if r.status_code != 200:
-                        return f"!HTTP {r.status_code}"
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: {"):
-                            event = json.loads(line[6:])
-                            if "error" in event:
-                                return "!in-band error: " + str(event["error"].get("code"))
-                            choices = event.get("choices") or [{}]
-                            text += (choices[0].get("delta") or {}).get("content") or ""
+                for tried in range(RETRIES):  # a 503 with Retry-After is tried again, as SDKs do
+                    async with own.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                        again = r.headers.get("retry-after") if r.status_code == 503 else None
+                        if again is None or tried == RETRIES - 1:
+                            return await _text(r)
+                    retried += 1
+                    await anyio.sleep(float(again))
             except httpx.HTTPError as exc:
                 return f"!{type(exc).__name__}: {exc or exc.__cause__!r}"[:120]
-            return text
+            return "!unreachable"
 
         exact, others = await _exact(n, answer, expected)
         health = (await http.get(url + "/health")).json()["models"]["m"]
@@ -176,6 +206,7 @@ async def _through_proxy(url: str, pid: int, n: int, expected: str) -> dict[str,
         "rss_mib": _peak_rss_mib(pid),
         "breaker_opened": sum(1 for c in health["breaker_changes"] if c["state"] == "open"),
         "client_side": health.get("client_side_failures", 0),
+        "retried_503": retried,
     }
 
 
@@ -197,7 +228,8 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         with _busy(args.busy):
                             got = await _through_client(up, n, expected, args.deadline)
                     else:
-                        with _proxy(up, args.deadline) as (proxy, pid), _busy(args.busy):
+                        proxied = _proxy(up, args.deadline, args.connections)
+                        with proxied as (proxy, pid), _busy(args.busy):
                             got = await _through_proxy(proxy, pid, n, expected)
                 row = {"path": path, "faults": faults, "busy": args.busy, "streams": n, **got}
                 row["cpu_ms_per_stream"] = got["cpu_s"] * 1000 / n
@@ -222,8 +254,17 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--busy", type=int, default=0, help="processes burning CPU during each run (default 0)"
     )
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=None,
+        help="the proxy's [server] connections (default: its own, 8,192); the open-file "
+        "limit is raised to fit where this process may",
+    )
     p.add_argument("--json", default="", help="also write the rows here")
     args = p.parse_args(argv)
+    if args.connections:
+        _room_for(args.connections)
     rows = anyio.run(_run, args)
     print("Many streams at once (default settings; the upstream in its own process)")
     columns = [
@@ -240,6 +281,7 @@ def main(argv: list[str]) -> int:
         "client_side",
         "connects_waited",
         "connects_at_once",
+        "retried_503",
     ]
     print(table(rows, columns))
     for row in rows:
