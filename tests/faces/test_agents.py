@@ -343,3 +343,48 @@ async def test_message_start_carries_the_input_tokens() -> None:
     end = next(e for e in events if e["type"] == "message_delta")
     assert start["message"]["usage"]["input_tokens"] == (len(body) + 3) // 4
     assert end["usage"]["input_tokens"] > 0
+
+
+async def test_every_answer_says_what_the_proxy_added(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed answer and a whole one, each 20 tokens paced 20 ms apart: each says what
+    the proxy added (its own time, not the upstream's) in its log line, on its span and in
+    ``/metrics``, beside the answers held and what they weigh."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    body = {"model": "plain", "messages": [{"role": "user", "content": "Hi."}]}
+    with capture_logs() as logs:
+        async with (
+            Upstream(token_delay=0.02, words=20) as up,
+            running(_config(up), port=0) as run,
+            httpx.AsyncClient(base_url=run.url, timeout=30) as http,
+        ):
+            for stream in (True, False):
+                r = await http.post("/v1/chat/completions", json={**body, "stream": stream})
+                assert r.status_code == 200
+            await run.proxy.answers.settled()
+            metrics = (await http.get("/metrics")).text
+    provider.shutdown()
+    said = [e for e in logs if e["event"] == "streamres.proxy_answered"]
+    assert [e["model"] for e in said] == ["plain", "plain"]
+    assert all(0 <= e["added_ms"] < 300 for e in said)  # the answers took 400 ms upstream
+    spans = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    added = sorted(round((s.attributes or {})["streamres.proxy.added_ms"], 3) for s in spans)
+    assert added == sorted(e["added_ms"] for e in said)
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("streamres_proxy_")
+    }
+    assert values["streamres_proxy_added_seconds_count"] == 2
+    assert values["streamres_proxy_added_seconds_sum"] == pytest.approx(
+        sum(e["added_ms"] for e in said) / 1000, rel=0.01, abs=1e-5
+    )
+    assert values["streamres_proxy_answers_held"] == 1  # the streamed one, kept for readers
+    assert values["streamres_proxy_answers_held_bytes"] == run.proxy.answers.held_bytes > 6_000
