@@ -152,6 +152,11 @@ class Writer:
         #: ``id:`` for an event with no data, and fails on it.
         self._comments: list[str] = []
 
+    @property
+    def open_text(self) -> int:
+        """Bytes of the text item a Responses answer has open (the writer keeps its text)."""
+        return len(self._text)
+
     # -- SSE framing ---------------------------------------------------------------------
 
     def _sse(self, event: str | None, obj: Any) -> bytes:
