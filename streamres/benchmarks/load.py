@@ -13,6 +13,11 @@ stream, the breaker's openings and the attempts that failed on the client's side
 ``Client``, the connects that waited for room in the server's connect window (the connect pace)
 and the most that were ever in progress at once.
 
+Through the proxy, a request turned away (503 with ``Retry-After``: past ``[server]
+connections`` only the excess is) is tried again after it, as the official SDKs do, and counted
+(``retried_503``); ``--connections N`` sets the proxy's limit, raising the open-file limit (two
+a stream) where this process may.
+
 ``--busy N`` starts N processes that only burn CPU for the length of each run: a machine
 starved of CPU (more work than cores), where the client's event loop runs late and a burst's
 connects are seen to complete late.
