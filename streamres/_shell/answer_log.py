@@ -17,7 +17,7 @@ log.text)``) when the first one is gone: the model is asked for the rest, not fo
 Bounded as the answer is: the library caps an answer's characters (``ReadLimits.answer``), and
 the log holds that answer's events once — compactly: its text and thinking events as their text
 (UTF-8) and where each ends, an event object made again when it is read (``events[n]``), so a
-held character costs about a byte and a text event four more.
+held character costs about a byte (UTF-8) and an event nine more.
 """
 
 from __future__ import annotations

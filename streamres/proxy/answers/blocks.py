@@ -19,6 +19,9 @@ from streamres.proxy.faces.outbound import Frame
 
 __all__ = ["Blocks"]
 
+#: The shortest run of text worth keeping as a reference (bytes).
+_WORTH = 256
+
 
 class Blocks:
     """An answer's blocks in order; a block has a number (its event's ``id:``; a comment alone
@@ -66,7 +69,7 @@ class Blocks:
             if numbered:
                 last = int(block[4 : block.index(b"\n")])
             size = len(block)
-            cut = self._repeats(block) if size > 512 else None
+            cut = self._repeats(block) if size > 2 * _WORTH else None
             if cut is not None:
                 at, start, end = cut
                 self._cuts[len(self._forms)] = (at, start, end)
@@ -74,28 +77,31 @@ class Blocks:
             self._push(2 * last + numbered, 0, block, size)
 
     def _repeats(self, block: bytes) -> tuple[int, int, int] | None:
-        """The longest run of the deltas' text (ending with the last delta's) that ``block``
-        repeats, when it is worth cutting out: (where in the block, start, end in ``_data``)."""
+        """The longest run of the deltas' text, ending with the last delta's, that ``block``
+        repeats where the last delta's text ends in it (looked for from the block's end, a
+        few places at most), when it is worth cutting out: (where in the block, and where in
+        ``_data`` it starts and ends)."""
         a, b = self._last_delta
-        if b - a == 0:
+        if b - a == 0 or b < _WORTH:
             return None
-        data = self._data
-        piece = bytes(data[a:b])
-        best: tuple[int, int, int] | None = None
-        at = block.find(piece)
-        while at >= 0:
-            stop = at + len(piece)  # the run ends where the piece does; how far back does it go?
-            lo, hi = len(piece), min(stop, b)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if block[stop - mid : stop] == data[b - mid : b]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            if lo >= 256 and (best is None or lo > best[2] - best[1]):
-                best = (stop - lo, b - lo, b)
-            at = block.find(piece, at + 1)
-        return best
+        piece = bytes(self._data[a:b])
+        with memoryview(self._data) as data, memoryview(block) as mine:
+            at = block.rfind(piece)
+            for _ in range(8):
+                if at < 0:
+                    return None
+                stop = at + len(piece)
+                if stop >= _WORTH and mine[stop - _WORTH : stop] == data[b - _WORTH : b]:
+                    lo, hi = _WORTH, min(stop, b)  # how far back does the run go?
+                    while lo < hi:
+                        mid = (lo + hi + 1) // 2
+                        if mine[stop - mid : stop] == data[b - mid : b]:
+                            lo = mid
+                        else:
+                            hi = mid - 1
+                    return stop - lo, b - lo, b
+                at = block.rfind(piece, 0, stop - 1)
+        return None
 
     def delta(self, frame: Frame, number: int, text: bytes) -> None:
         """A text delta: ``frame`` around ``number`` and ``text`` (escaped)."""
