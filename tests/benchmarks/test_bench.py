@@ -171,17 +171,37 @@ def test_the_proxy_bench_without_its_extra_is_one_line() -> None:
 
 
 def test_the_proxy_bench_names_every_proxy_it_leaves_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without hypercorn or a litellm command, the bench's rows for them are not run, and it
-    says so row by row, with what brings each."""
+    """Without hypercorn, a litellm command or Portkey's gateway, the bench's rows for them are
+    not run, and it says so row by row, with what brings each."""
+    import anyio
+
     from streamres.benchmarks import proxy
 
     monkeypatch.setitem(sys.modules, "hypercorn", None)  # as if not installed
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("STREAMRES_LITELLM", raising=False)
+    monkeypatch.setenv("STREAMRES_PORTKEY", "/nonexistent/start-server.js")
+    monkeypatch.setattr(proxy, "_PORTKEY", proxy._Portkey())
+    anyio.run(proxy._PORTKEY.probe, "http://127.0.0.1:9")  # not here: nothing is started
     assert proxy._servers() == ["uvicorn"]
     assert proxy.not_run() == [
         "streamres proxy (hypercorn): hypercorn is not installed: "
         "pip install 'streamres[hypercorn]'",
         "LiteLLM proxy: no litellm command on PATH (pip install 'litellm[proxy]', or name one "
         "with STREAMRES_LITELLM)",
+        "Portkey's gateway: not here (npm install @portkey-ai/gateway, or name its "
+        "build/start-server.js with STREAMRES_PORTKEY; Node needed)",
     ]
+
+
+def test_the_held_bench_counts_every_api(tmp_path: pathlib.Path) -> None:
+    """``streamres bench held``, small: a row per API, what the proxy counts (from its
+    ``/metrics``) a few bytes a character of the answers it holds, their SSE encoding more."""
+    out = tmp_path / "held.json"
+    command = [sys.executable, "-m", "streamres", "bench", "held", "--answers", "4"]
+    command += ["--words", "400", "--framing", "event", "--json", str(out)]
+    got = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    rows = json.loads(out.read_text())
+    assert [r["api"] for r in rows] == ["openai", "anthropic", "responses"]
+    assert all(1 < r["counted_bytes_per_char"] < r["sse_bytes_per_char"] for r in rows), rows
