@@ -76,7 +76,7 @@ def _framed(event: str | None, obj: dict[str, Any], numbered: bool = False) -> F
     (``numbered``: its ``sequence_number``, the first field, is the event's number)."""
     head = b"\n" + (f"event: {event}\n".encode() if event else b"") + b"data: "
     data = _dump(obj)
-    at = data.index(b"\\u0000")
+    at = data.rindex(b"\\u0000")  # the text comes after every other string
     before, tail = data[:at], data[at + 6 :] + b"\n\n"
     if not numbered:
         return Frame(head + before, None, tail)
