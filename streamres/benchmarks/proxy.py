@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -134,27 +134,55 @@ def _litellm_proxy(upstream: str) -> Iterator[tuple[str, int]]:
             f"      api_base: {upstream}/v1\n      api_key: x\n"
         )
         path = f.name
-    with socket.socket() as probe:  # a free port (LiteLLM's proxy cannot report one)
+    port = _free_port()
+    argv = [exe, "--config", path, "--port", str(port), "--host", "127.0.0.1"]
+    # Its model price list from the package, not fetched from GitHub at start.
+    env = {**os.environ, "LITELLM_MASTER_KEY": _KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+    def ready(url: str) -> bool:
+        try:
+            return httpx.get(url + "/health/liveliness", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        with _gateway(argv, port, "LiteLLM's proxy", ready, 120, env=env) as got:
+            yield got
+    finally:
+        os.unlink(path)
+
+
+def _free_port() -> int:
+    """A free loopback port, for a server that cannot report the one it took."""
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen(
-        [exe, "--config", path, "--port", str(port), "--host", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        # Its model price list from the package, not fetched from GitHub at start.
-        env={**os.environ, "LITELLM_MASTER_KEY": _KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
-    )
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def _gateway(
+    argv: list[str],
+    port: int,
+    what: str,
+    ready: Callable[[str], bool],
+    seconds: float,
+    **popen: Any,
+) -> Iterator[tuple[str, int]]:
+    """Another gateway's server process on ``port``, once ``ready`` says it serves (within
+    ``seconds``); stopped when the block ends."""
+    popen.setdefault("stdout", subprocess.DEVNULL)
+    popen.setdefault("stderr", subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, **popen)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"LiteLLM's proxy exited at start (code {proc.returncode})")
-            try:
-                if httpx.get(url + "/health/liveliness", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+                raise RuntimeError(f"{what} exited at start (code {proc.returncode})")
+            if ready(url):
+                break
+            time.sleep(0.2)
         yield url, proc.pid
     finally:
         proc.terminate()
@@ -162,7 +190,7 @@ def _litellm_proxy(upstream: str) -> Iterator[tuple[str, int]]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        os.unlink(path)
+            proc.wait()
 
 
 def _servers() -> list[str]:
@@ -225,32 +253,20 @@ _PORTKEY = _Portkey()
 def _portkey_proxy(upstream: str, said: Any = subprocess.DEVNULL) -> Iterator[tuple[str, int]]:
     """Portkey's gateway in front of ``upstream`` (``said``: where its output goes)."""
     assert _PORTKEY.script is not None
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen(
-        ["node", _PORTKEY.script, f"--port={port}", "--headless"],
-        stdout=said,
-        stderr=said,
-        env={**os.environ, "NODE_ENV": "production"},
-    )
+    port = _free_port()
     url = f"http://127.0.0.1:{port}"
     _HEADERS[url] = {"x-portkey-provider": "openai", "x-portkey-custom-host": upstream + "/v1"}
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"Portkey's gateway exited at start (code {proc.returncode})")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            time.sleep(0.2)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+
+    def ready(_: str) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return True
+        return False
+
+    argv = ["node", _PORTKEY.script, f"--port={port}", "--headless"]
+    env = {**os.environ, "NODE_ENV": "production"}
+    output = {"stdout": said, "stderr": said, "env": env}
+    with _gateway(argv, port, "Portkey's gateway", ready, 60, **output) as got:
+        yield got
 
 
 def not_run() -> list[str]:
